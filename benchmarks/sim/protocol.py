@@ -1,0 +1,253 @@
+"""vLLM's OpenAI-compatible request parsing and response bodies (bytes, orjson)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+class ApiError(Exception):
+    """An error answered with vLLM's error body: {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.err_type, self.param)
+
+
+def error_body(status: int, message: str, err_type: str, param: str | None = None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    )
+
+
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError",
+          500: "InternalServerError", 503: "ServiceUnavailableError"}  # fmt: skip
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "BadRequestError", param)
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """The fields of a completion or chat request the simulator acts on."""
+
+    model: str
+    prompt: str | None
+    prompt_ids: list[int] | None
+    messages: list[dict[str, Any]] | None
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...]
+    ignore_eos: bool
+    priority: int
+    cache_salt: str | None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise bad_request("Input should be a valid dictionary or object to extract fields from")
+    return body
+
+
+def _int(body: dict[str, Any], key: str, default: int | None, minimum: int) -> int | None:
+    v = body.get(key, default)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise bad_request(f"{key} must be an integer", key)
+    if v < minimum:
+        raise bad_request(f"{key} must be at least {minimum}, got {v}.", key)
+    return v
+
+
+def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenRequest:
+    """Validate the fields vLLM validates; everything else is accepted and ignored."""
+    model = body.get("model") or default_model
+    if not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise bad_request("messages must be a non-empty list of message objects", "messages")
+        messages = msgs
+        max_tokens = _int(body, "max_completion_tokens", None, 1)
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens", None, 1)
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
+            p = p[0]  # a batch of one prompt
+        if isinstance(p, str):
+            prompt = p
+        elif isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p):
+            prompt_ids = list(p)
+        elif p is None or p == "" or p == []:
+            raise bad_request("Prompt cannot be empty", "prompt")
+        else:
+            raise bad_request(
+                "prompt must be a string, a list of token ids, or a batch of one", "prompt"
+            )
+        max_tokens = _int(body, "max_tokens", 16, 1)
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise bad_request("the simulator supports n=1 only", "n")
+    stream = body.get("stream") is True
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    if opts and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.")
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(s for s in stop if s)
+    else:
+        raise bad_request("stop must be a string or a list of strings", "stop")
+    priority = _int(body, "priority", 0, -(2**31))
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return GenRequest(
+        model=model,
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=bool(opts and opts.get("include_usage")),
+        stop=stops,
+        ignore_eos=body.get("ignore_eos") is True,
+        priority=priority or 0,
+        cache_salt=salt,
+    )
+
+
+def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
+    """vLLM's context-length checks; returns the effective max_tokens."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has {prompt_len} input tokens. Please reduce the length of the input "
+            "messages."
+        )
+    if max_tokens is None:
+        return max_model_len - prompt_len
+    if prompt_len + max_tokens > max_model_len:
+        raise bad_request(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {max_model_len} tokens and your request has "
+            f"{prompt_len} input tokens ({max_tokens} > {max_model_len} - {prompt_len})."
+        )
+    return max_tokens
+
+
+def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
+    }
+
+
+class StreamFrames:
+    """Pre-rendered SSE frame pieces of one stream: a chunk costs two concatenations."""
+
+    def __init__(self, req_id: str, created: int, model: str, chat: bool) -> None:
+        self.chat = chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._top = {"id": req_id, "object": obj, "created": created, "model": model}
+        top = orjson.dumps(self._top)[:-1]
+        if chat:
+            self._head = b"data: " + top + b',"choices":[{"index":0,"delta":{"content":'
+            self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        else:
+            self._head = b"data: " + top + b',"choices":[{"index":0,"text":'
+            self._tail = (
+                b',"logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}\n\n'
+            )
+
+    def role(self) -> bytes:
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                  "finish_reason": None}  # fmt: skip
+        return b"data: " + orjson.dumps({**self._top, "choices": [choice]}) + b"\n\n"
+
+    def chunk(self, text: str) -> bytes:
+        return self._head + orjson.dumps(text) + self._tail
+
+    def final(self, text: str, finish_reason: str, stop_reason: str | None) -> bytes:
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason,
+            }
+            return b"data: " + orjson.dumps({**self._top, "choices": [choice]}) + b"\n\n"
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+                  "stop_reason": stop_reason}  # fmt: skip
+        body = {**self._top, "choices": [choice], "usage": None}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def usage(self, u: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps({**self._top, "choices": [], "usage": u}) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_event(status: int, message: str) -> bytes:
+    return b"data: " + error_body(status, message, error_type(status)) + b"\n\n"
+
+
+def completion_body(
+    req_id: str, created: int, model: str, text: str, finish: str, stop_reason: str | None,
+    u: dict[str, Any],
+) -> bytes:  # fmt: skip
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+              "stop_reason": stop_reason, "prompt_logprobs": None}  # fmt: skip
+    return orjson.dumps({"id": req_id, "object": "text_completion", "created": created,
+                         "model": model, "choices": [choice], "usage": u,
+                         "kv_transfer_params": None})  # fmt: skip
+
+
+def chat_body(
+    req_id: str, created: int, model: str, text: str, finish: str, stop_reason: str | None,
+    u: dict[str, Any],
+) -> bytes:  # fmt: skip
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "reasoning_content": None,
+        "content": text,
+        "tool_calls": [],
+    }
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+              "stop_reason": stop_reason}  # fmt: skip
+    return orjson.dumps({"id": req_id, "object": "chat.completion", "created": created,
+                         "model": model, "choices": [choice], "usage": u,
+                         "prompt_logprobs": None, "kv_transfer_params": None})  # fmt: skip

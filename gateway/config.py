@@ -1,0 +1,178 @@
+"""The gateway's TOML configuration: frozen dataclasses, one place for every default."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.config_loader import ConfigError, load_dataclass
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The HTTP front end."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 4 * 1024 * 1024
+    # Seconds to let in-flight streams finish after SIGTERM before aborting them.
+    drain_timeout_s: float = 30.0
+    # Seconds a client may take to send its headers and body (slowloris guard).
+    request_receive_timeout_s: float = 30.0
+    request_id_header: str = "x-request-id"
+    # Gateway API keys; empty = no authentication at the gateway.
+    api_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        _positive("max_body_bytes", self.max_body_bytes)
+        _positive("drain_timeout_s", self.drain_timeout_s)
+        _positive("request_receive_timeout_s", self.request_receive_timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamConfig:
+    """The one aiohttp client that talks to every replica."""
+
+    # Bearer key sent to replicas; the client's own Authorization is never forwarded.
+    api_key: str = ""
+    connect_timeout_s: float = 2.0
+    # Streams: the longest wait for the first chunk, then between chunks (no total deadline).
+    first_byte_timeout_s: float = 120.0
+    idle_timeout_s: float = 60.0
+    # Non-streamed answers arrive in one piece after the whole generation.
+    non_stream_timeout_s: float = 600.0
+    max_connections: int = 2048
+    max_connections_per_replica: int = 512
+    keepalive_timeout_s: float = 30.0
+    # Extra attempts on other replicas when one fails before its first byte.
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
+            _positive(name, getattr(self, name))
+        _positive("non_stream_timeout_s", self.non_stream_timeout_s)
+        _positive("max_connections", self.max_connections)
+        _positive("max_connections_per_replica", self.max_connections_per_replica)
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckConfig:
+    """Active health checks and model discovery."""
+
+    interval_s: float = 2.0
+    timeout_s: float = 1.0
+    path: str = "/health"
+    healthy_threshold: int = 1
+    unhealthy_threshold: int = 2
+    # Consecutive upstream failures seen by live traffic that mark a replica down at once.
+    passive_failure_threshold: int = 3
+
+    def __post_init__(self) -> None:
+        _positive("interval_s", self.interval_s)
+        _positive("timeout_s", self.timeout_s)
+        _positive("healthy_threshold", self.healthy_threshold)
+        _positive("unhealthy_threshold", self.unhealthy_threshold)
+        _positive("passive_failure_threshold", self.passive_failure_threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    """One vLLM replica."""
+
+    url: str
+    name: str = ""
+    # Served model and LoRA names; empty = discovered from the replica's /v1/models.
+    models: tuple[str, ...] = ()
+    weight: float = 1.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"url must be http(s)://host[:port], got {self.url!r}")
+        if self.weight < 0:
+            raise ValueError(f"weight must be >= 0, got {self.weight}")
+        if not self.name:
+            object.__setattr__(self, "name", f"{parts.hostname}:{parts.port or 80}")
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class PluginConfig:
+    """One routing plugin in a profile: its registry key, weight (scorers) and parameters."""
+
+    type: str
+    weight: float = 1.0
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileConfig:
+    """A routing profile: filters, weighted scorers, one picker."""
+
+    picker: PluginConfig
+    filters: tuple[PluginConfig, ...] = ()
+    scorers: tuple[PluginConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """Which profile routes requests; user profiles add to (or replace) the built-in ones."""
+
+    profile: str = "default"
+    profiles: dict[str, ProfileConfig] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    """Prometheus metrics."""
+
+    metrics_enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """The whole configuration file."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    health_check: HealthCheckConfig = field(default_factory=HealthCheckConfig)
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    replicas: tuple[ReplicaConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [r.name for r in self.replicas]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate replica names: {', '.join(dupes)}")
+
+
+def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
+    """Build a GatewayConfig from parsed TOML, strictly."""
+    return load_dataclass(GatewayConfig, data)
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate a TOML configuration file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return parse_config(data)

@@ -1,0 +1,95 @@
+"""Gateway errors and their one mapping to vLLM's OpenAI-style error body."""
+
+from __future__ import annotations
+
+import orjson
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    408: "RequestTimeoutError",
+    413: "RequestEntityTooLargeError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+
+
+class GatewayError(Exception):
+    """Root error of the gateway: carries the HTTP status and a client-safe message."""
+
+    status = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    @property
+    def error_type(self) -> str:
+        return _TYPES.get(self.status, "InternalServerError")
+
+    def body(self) -> bytes:
+        """vLLM 0.32's error body: {"error": {message, type, param, code}} with an int code."""
+        return error_body(self.message, self.status, self.param)
+
+
+class BadRequest(GatewayError):
+    status = 400
+
+
+class ModelNotFound(GatewayError):
+    status = 404
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+
+
+class Unauthorized(GatewayError):
+    status = 401
+
+
+class NoHealthyReplica(GatewayError):
+    status = 503
+
+
+class UpstreamFailed(GatewayError):
+    """Every attempt failed before its first byte; details stay in the logs."""
+
+    status = 502
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+
+
+def error_body(message: str, status: int, param: str | None = None) -> bytes:
+    """Serialise one error the way vLLM does."""
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": _TYPES.get(status, "InternalServerError"),
+                "param": param,
+                "code": status,
+            }
+        }
+    )

@@ -1,0 +1,289 @@
+"""The HTTP front end: a raw-ASGI hot path for completions, Starlette for everything else."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NoHealthyReplica,
+    PayloadTooLarge,
+    Unauthorized,
+    error_body,
+)
+from gateway.headers import client_response_headers
+from gateway.requests import Kind, ParsedRequest, parse_request
+from gateway.runtime import Runtime
+from gateway.upstream import Exchange, StreamBroken
+from telemetry.metrics import CONTENT_TYPE
+
+log = logging.getLogger("llm_gateway.http")
+
+
+_JSON = (b"content-type", b"application/json")
+_HOT_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# Client-chosen request ids are echoed into logs and upstream headers: keep them short and plain.
+_MAX_REQUEST_ID = 128
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its request was being served."""
+
+
+class _Cycle:
+    """Per-request flags shared with the disconnect watcher."""
+
+    __slots__ = ("gone", "responded")
+
+    def __init__(self) -> None:
+        self.gone = False
+        # Set before the last send: uvicorn also reports "disconnect" once a response completes.
+        self.responded = False
+
+
+async def _send_error(send: Send, err: GatewayError, request_id: str) -> None:
+    body = err.body()
+    headers = [
+        _JSON,
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    if err.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(err.retry_after_s))).encode()))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _request_id(headers: list[tuple[bytes, bytes]], header: bytes) -> str:
+    for k, v in headers:
+        if k == header:
+            rid = v.decode("latin-1")
+            if 0 < len(rid) <= _MAX_REQUEST_ID and rid.isprintable() and " " not in rid:
+                return rid
+            break
+    return uuid.uuid4().hex
+
+
+class GatewayApp:
+    """The ASGI application of one gateway process."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        cfg = runtime.config.server
+        self._limit = cfg.max_body_bytes
+        self._receive_timeout = cfg.request_receive_timeout_s
+        self._rid_header = cfg.request_id_header.lower().encode()
+        self._keys = frozenset(hashlib.sha256(k.encode()).digest() for k in cfg.api_keys)
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/ready", self._ready, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            *(Route(p, self._method_not_allowed, methods=["GET"]) for p in _HOT_PATHS),
+        ]
+        if runtime.config.telemetry.metrics_enabled:
+            routes.append(Route("/metrics", self._metrics, methods=["GET"]))
+        self._starlette = Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: self._http_error},
+            lifespan=self._lifespan,
+        )
+
+    @asynccontextmanager
+    async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        await self.runtime.start()
+        try:
+            yield
+        finally:
+            await self.runtime.stop()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            kind = _HOT_PATHS.get(scope["path"])
+            if kind is not None and scope["method"] == "POST":
+                await self._proxy(kind, scope, receive, send)
+                return
+        await self._starlette(scope, receive, send)
+
+    # --- the hot path -------------------------------------------------------------------
+
+    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if not self._keys:
+            return
+        for k, v in headers:
+            # Hash lookup: no timing signal about how much of a key matched.
+            if (
+                k == b"authorization"
+                and v[:7].lower() == b"bearer "
+                and hashlib.sha256(v[7:].strip()).digest() in self._keys
+            ):
+                return
+        raise Unauthorized("Invalid or missing API key.")
+
+    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        for k, v in headers:
+            if k == b"content-length":
+                if not v.isdigit():
+                    raise BadRequest("Invalid Content-Length header.")
+                if int(v) > self._limit:
+                    raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._receive_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self._limit:
+                        raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise GatewayError("Request body not received in time.", status=408) from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _proxy(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        request_id = _request_id(headers, self._rid_header)
+        runtime = self.runtime
+        try:
+            self._authorize(headers)
+            body = await self._read_body(headers, receive)
+            if runtime.draining:
+                raise NoHealthyReplica("The gateway is shutting down.")
+            parsed = parse_request(kind, body, request_id)
+        except _ClientGone:
+            return
+        except GatewayError as err:
+            await _send_error(send, err, request_id)
+            return
+
+        # From here the client may vanish at any await: a watcher cancels this task if it does,
+        # which closes the upstream request and frees the replica's slot at once.
+        task = asyncio.current_task()
+        assert task is not None
+        cycle = _Cycle()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not cycle.responded:
+                cycle.gone = True
+                task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self._serve(parsed, headers, started, send, cycle)
+        except asyncio.CancelledError:
+            if cycle.gone and task.uncancel() == 0:
+                log.info("request %s: client disconnected", request_id)
+                return
+            raise
+        finally:
+            watcher.cancel()
+
+    async def _serve(
+        self,
+        req: ParsedRequest,
+        headers: list[tuple[bytes, bytes]],
+        started: float,
+        send: Send,
+        cycle: _Cycle,
+    ) -> None:
+        pipeline = self.runtime.pipeline
+        try:
+            exchange = await pipeline.open(req, headers, started)
+        except GatewayError as err:
+            cycle.responded = True
+            await _send_error(send, err, req.request_id)
+            return
+        ok = True
+        try:
+            ok = await self._relay(req, exchange, send, cycle)
+        except BaseException:
+            ok = True  # the client left (or shutdown): the replica did nothing wrong
+            raise
+        finally:
+            pipeline.finish(req, exchange, exchange.status, ok and exchange.status < 500)
+
+    async def _relay(
+        self, req: ParsedRequest, exchange: Exchange, send: Send, cycle: _Cycle
+    ) -> bool:
+        out_headers = client_response_headers(exchange.response.headers.items(), req.request_id)
+        if not exchange.streaming:
+            out_headers.append((b"content-length", str(len(exchange.first)).encode()))
+            cycle.responded = True
+            await send(
+                {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
+            )
+            await send({"type": "http.response.body", "body": exchange.first})
+            return True
+        await send(
+            {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
+        )
+        try:
+            async for chunk in exchange.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except StreamBroken as broken:
+            # Never retried once bytes went out: end with vLLM's error event and no [DONE].
+            log.warning(
+                "request %s: stream from %s broke: %s",
+                req.request_id,
+                exchange.lease.replica.name,
+                broken.reason,
+            )
+            self.runtime.metrics.stream_truncated(req.model, exchange.lease.replica.name)
+            msg = "The model server stopped streaming before the answer was complete."
+            event = b"data: " + error_body(msg, 502) + b"\n\n"
+            cycle.responded = True
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return False
+        cycle.responded = True
+        await send({"type": "http.response.body", "body": b""})
+        return True
+
+    # --- everything else ----------------------------------------------------------------
+
+    async def _health(self, _request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _ready(self, _request: Request) -> Response:
+        if self.runtime.draining or not self.runtime.pool.ready():
+            err = NoHealthyReplica("No replica is ready.")
+            return Response(err.body(), status_code=503, media_type="application/json")
+        return Response(b'{"status":"ready"}', media_type="application/json")
+
+    async def _models(self, _request: Request) -> Response:
+        body = orjson.dumps({"object": "list", "data": self.runtime.pool.model_cards()})
+        return Response(body, media_type="application/json")
+
+    async def _metrics(self, _request: Request) -> Response:
+        return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def _method_not_allowed(self, _request: Request) -> Response:
+        raise HTTPException(status_code=405)
+
+    async def _http_error(self, _request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        messages = {404: "Not Found", 405: "Method Not Allowed"}
+        body = error_body(messages.get(exc.status_code, exc.detail), exc.status_code)
+        return Response(body, status_code=exc.status_code, media_type="application/json")

@@ -1,0 +1,190 @@
+"""The one request pipeline both front ends call: route, attempt, retry before the first byte."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+
+from gateway.config import GatewayConfig
+from gateway.errors import (
+    GatewayError,
+    ModelNotFound,
+    NoHealthyReplica,
+    UpstreamFailed,
+    UpstreamTimeout,
+)
+from gateway.headers import upstream_request_headers
+from gateway.replicas import Lease, ReplicaPool
+from gateway.requests import ParsedRequest
+from gateway.upstream import Exchange
+from routing.router import Router
+from routing.types import Decision, NoReplicaError
+from telemetry.metrics import GatewayMetrics
+
+log = logging.getLogger("llm_gateway.pipeline")
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# An error body from a failing replica is read only to be logged, and only this much of it.
+_ERROR_BODY_LOG_LIMIT = 512
+
+
+class _Retryable(Exception):
+    """An attempt failed before any byte reached the client; another replica may serve it."""
+
+    def __init__(self, reason: str, client_error: GatewayError) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.client_error = client_error
+
+
+class Pipeline:
+    """Routes a parsed request and opens an upstream exchange, retrying on other replicas."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: ReplicaPool,
+        router: Router,
+        session: aiohttp.ClientSession,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._cfg = config.upstream
+        self._passive_threshold = config.health_check.passive_failure_threshold
+        self._pool = pool
+        self._router = router
+        self._session = session
+        self._metrics = metrics
+
+    def check_model(self, model: str) -> None:
+        """404 for a model no replica has ever served, as vLLM does for its own models."""
+        known = self._pool.known_models()
+        if model in known:
+            return
+        if not known:
+            # Nothing discovered yet (all replicas down since start): unknown looks like down.
+            raise NoHealthyReplica("No replica is available to serve this request.")
+        raise ModelNotFound(model)
+
+    async def open(
+        self, req: ParsedRequest, client_headers: list[tuple[bytes, bytes]], started: float
+    ) -> Exchange:
+        """Return an exchange holding the first upstream byte, or raise a client-safe error."""
+        self.check_model(req.model)
+        headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
+        tried: list[str] = []
+        last: GatewayError | None = None
+        for _ in range(1 + self._cfg.max_retries):
+            try:
+                decision = self._router.route(req.features, self._pool.snapshots(), tried)
+            except NoReplicaError as exc:
+                if last is not None:
+                    raise last from None
+                log.info("no replica for %s: %s", req.model, exc.reason)
+                raise NoHealthyReplica(
+                    f"No healthy replica is serving model `{req.model}`."
+                ) from None
+            name = decision.replica.name
+            lease = self._pool.acquire(name)
+            try:
+                return await self._attempt(req, headers, decision, lease, started)
+            except _Retryable as failure:
+                lease.release(False, self._passive_threshold)
+                log.warning(
+                    "request %s: replica %s failed before first byte (%s)",
+                    req.request_id,
+                    name,
+                    failure.reason,
+                )
+                self._metrics.retry(name, failure.reason)
+                tried.append(name)
+                last = failure.client_error
+            except BaseException:
+                # Client gone or server stopping: not the replica's fault.
+                lease.release(True, self._passive_threshold)
+                raise
+        assert last is not None
+        raise last
+
+    async def _attempt(
+        self,
+        req: ParsedRequest,
+        headers: dict[str, str],
+        decision: Decision,
+        lease: Lease,
+        started: float,
+    ) -> Exchange:
+        url = decision.replica.url + _PATHS[req.kind]
+        budget = self._cfg.first_byte_timeout_s if req.stream else self._cfg.non_stream_timeout_s
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(budget):
+                resp = await self._session.post(url, data=req.body, headers=headers)
+                if resp.status >= 500:
+                    detail = (await resp.content.read(_ERROR_BODY_LOG_LIMIT)).decode(
+                        "utf-8", "replace"
+                    )
+                    log.warning(
+                        "replica %s answered %d: %s", lease.replica.name, resp.status, detail
+                    )
+                    raise _Retryable(
+                        f"status_{resp.status}",
+                        UpstreamFailed(
+                            f"The model server failed to serve the request (HTTP {resp.status}).",
+                            status=resp.status if resp.status in (502, 503, 504) else 502,
+                        ),
+                    )
+                streaming = req.stream and resp.status == 200
+                if streaming:
+                    first = await resp.content.readany()
+                    if not first:
+                        raise _Retryable(
+                            "empty_stream", UpstreamFailed("The model server closed the stream.")
+                        )
+                else:
+                    first = await resp.read()
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            raise _Retryable(
+                "timeout", UpstreamTimeout("The model server did not answer in time.")
+            ) from None
+        except (aiohttp.ClientError, ConnectionError) as exc:
+            if resp is not None:
+                resp.close()
+            raise _Retryable(
+                type(exc).__name__,
+                UpstreamFailed("The model server could not be reached."),
+            ) from None
+        except BaseException:
+            if resp is not None:
+                resp.close()
+            raise
+        exchange = Exchange(
+            lease=lease,
+            decision=decision,
+            response=resp,
+            status=resp.status,
+            first=first,
+            streaming=streaming,
+            idle_timeout_s=self._cfg.idle_timeout_s,
+            started=started,
+            complete=not streaming,
+        )
+        if streaming:
+            self._metrics.first_token(req.model, exchange.first_byte_at - started)
+        return exchange
+
+    def finish(self, req: ParsedRequest, exchange: Exchange, status: int, ok: bool) -> None:
+        """Close the upstream side and feed the outcome back: exactly once per exchange."""
+        exchange.close()
+        exchange.lease.release(ok, self._passive_threshold)
+        self._metrics.request_done(
+            req.model,
+            exchange.lease.replica.name,
+            status,
+            exchange.decision.branch,
+            time.perf_counter() - exchange.started,
+        )

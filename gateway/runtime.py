@@ -1,0 +1,102 @@
+"""Everything one gateway process owns: config, replicas, router, client, background loops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+
+import aiohttp
+
+from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
+from gateway.config_loader import ConfigError
+from gateway.health import HealthChecker
+from gateway.pipeline import Pipeline
+from gateway.replicas import ReplicaPool, ReplicaState
+from gateway.upstream import make_session
+from routing.profile import BUILTIN_PROFILES, PluginSpec, ProfileSpec
+from routing.router import Router
+from routing.types import RoutingError
+from telemetry.metrics import GatewayMetrics
+
+log = logging.getLogger("llm_gateway")
+
+
+def _spec(name: str, profile: ProfileConfig) -> ProfileSpec:
+    def plugin(p: PluginConfig) -> PluginSpec:
+        return PluginSpec(type=p.type, weight=p.weight, params=dict(p.params))
+
+    return ProfileSpec(
+        name=name,
+        filters=tuple(plugin(p) for p in profile.filters),
+        scorers=tuple(plugin(p) for p in profile.scorers),
+        picker=plugin(profile.picker),
+    )
+
+
+def build_router(config: GatewayConfig) -> Router:
+    """The router of the configured profile; plugin errors become ConfigErrors naming the path."""
+    profiles = dict(BUILTIN_PROFILES)
+    for name, profile in config.routing.profiles.items():
+        profiles[name] = _spec(name, profile)
+    chosen = config.routing.profile
+    if chosen not in profiles:
+        raise ConfigError(
+            f"routing.profile: unknown profile {chosen!r} (known: {', '.join(sorted(profiles))})"
+        )
+    try:
+        return Router(profiles[chosen])
+    except RoutingError as exc:
+        raise ConfigError(f"routing.profiles.{chosen}: {exc}") from None
+
+
+class Runtime:
+    """Starts and stops the gateway's shared state; the front ends only read it."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.router = build_router(config)
+        self.pool = ReplicaPool.from_configs(config.replicas)
+        self.metrics = GatewayMetrics(self.pool.live_rows)
+        self.draining = False
+        self._stack = AsyncExitStack()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._pipeline: Pipeline | None = None
+
+    @property
+    def pipeline(self) -> Pipeline:
+        assert self._pipeline is not None, "runtime not started"
+        return self._pipeline
+
+    async def start(self) -> None:
+        session = make_session(self.config.upstream)
+        self._session = session
+        self._pipeline = Pipeline(self.config, self.pool, self.router, session, self.metrics)
+        checker = HealthChecker(self.config.health_check, session)
+        # One probe round before serving so a healthy fleet is routable from the first request.
+        await asyncio.gather(*(checker.probe(r) for r in self.pool))
+        tg = asyncio.TaskGroup()
+        await self._stack.enter_async_context(tg)
+        for replica in self.pool:
+            self._tasks.append(tg.create_task(self._health_loop(checker, replica)))
+        log.info(
+            "routing profile %r over %d replicas (%d healthy)",
+            self.router.profile_name,
+            len(self.pool.replicas),
+            sum(r.healthy for r in self.pool),
+        )
+
+    async def _health_loop(self, checker: HealthChecker, replica: ReplicaState) -> None:
+        interval = self.config.health_check.interval_s
+        while True:
+            await asyncio.sleep(interval)
+            await checker.probe(replica)
+
+    async def stop(self) -> None:
+        self.draining = True
+        for task in self._tasks:
+            task.cancel()
+        await self._stack.aclose()
+        if self._session is not None:
+            await self._session.close()

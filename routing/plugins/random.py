@@ -1,0 +1,42 @@
+"""Picker: choose a candidate uniformly at random, ignoring scores.
+
+Params:
+    seed (int | None, default None): seed of this picker's own generator; None seeds from
+        the OS (set it for reproducible benchmarks and tests).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from routing.plugin import PluginFactory, param
+from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Parameters of the random picker."""
+
+    seed: int | None = param(None, "seed of the picker's generator (None: from the OS)")
+
+
+class RandomPick:
+    """Picks a uniformly random candidate."""
+
+    __slots__ = ("_rng",)
+
+    def __init__(self, params: Params) -> None:
+        self._rng = random.Random(params.seed)
+
+    def pick(
+        self,
+        request: RequestFeatures,
+        replicas: Sequence[ReplicaSnapshot],
+        totals: Sequence[float],
+    ) -> Pick:
+        return Pick(self._rng.randrange(len(replicas)), "random")
+
+
+FACTORY = PluginFactory(__name__, __doc__, "picker", Params, RandomPick)

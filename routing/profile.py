@@ -1,0 +1,107 @@
+"""Routing profiles: which filters, weighted scorers and picker a Router runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from routing.plugin import AnyFactory, Kind
+from routing.registry import PLUGINS
+from routing.types import PluginConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSpec:
+    """One plugin in a profile: registry type, weight (scorers only) and params."""
+
+    type: str
+    weight: float = 1.0
+    params: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """A named pipeline: filters in order, weighted scorers, one picker."""
+
+    name: str
+    filters: tuple[PluginSpec, ...]
+    scorers: tuple[PluginSpec, ...]
+    picker: PluginSpec
+
+
+def _lookup(
+    profile: str, slot: str, spec: object, kind: Kind, plugins: Mapping[str, AnyFactory]
+) -> AnyFactory:
+    where = f"profile {profile!r} {slot}"
+    if not isinstance(spec, PluginSpec):
+        raise PluginConfigError(f"{where}: expected a plugin spec, got {spec!r}")
+    factory = plugins.get(spec.type)
+    if factory is None:
+        known = ", ".join(sorted(n for n, f in plugins.items() if f.kind == kind))
+        raise PluginConfigError(f"{where}: unknown {kind} {spec.type!r} (known: {known})")
+    if factory.kind != kind:
+        raise PluginConfigError(
+            f"{where}: {spec.type!r} is a {factory.kind}, it cannot be used as a {kind}"
+        )
+    if kind == "scorer":
+        if not (math.isfinite(spec.weight) and spec.weight >= 0.0):
+            raise PluginConfigError(
+                f"{where}: weight of {spec.type!r} must be finite and >= 0, got {spec.weight}"
+            )
+    elif spec.weight != 1.0:
+        raise PluginConfigError(f"{where}: {spec.type!r} is a {kind}; only scorers take a weight")
+    return factory
+
+
+def resolve_profile(
+    profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = PLUGINS
+) -> tuple[list[AnyFactory], list[AnyFactory], AnyFactory]:
+    """Factories for (filters, scorers, picker), or PluginConfigError with a clear message."""
+    name = profile.name
+    if profile.picker is None:
+        raise PluginConfigError(f"profile {name!r}: no picker (every profile needs exactly one)")
+    filters = [
+        _lookup(name, f"filters[{i}]", s, "filter", plugins) for i, s in enumerate(profile.filters)
+    ]
+    scorers = [
+        _lookup(name, f"scorers[{i}]", s, "scorer", plugins) for i, s in enumerate(profile.scorers)
+    ]
+    picker = _lookup(name, "picker", profile.picker, "picker", plugins)
+    seen: set[str] = set()
+    for spec in (*profile.filters, *profile.scorers):
+        if spec.type in seen:
+            raise PluginConfigError(f"profile {name!r}: plugin {spec.type!r} appears twice")
+        seen.add(spec.type)
+    return filters, scorers, picker
+
+
+def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = PLUGINS) -> None:
+    """Check types, kinds, duplicates, weights and every plugin's params; raise on the first."""
+    filters, scorers, picker = resolve_profile(profile, plugins)
+    specs = (*profile.filters, *profile.scorers, profile.picker)
+    for factory, spec in zip((*filters, *scorers, picker), specs, strict=True):
+        factory.parse(spec.params)
+
+
+_ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
+
+BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
+    {
+        "round_robin": ProfileSpec("round_robin", _ELIGIBLE, (), PluginSpec("round_robin")),
+        "random": ProfileSpec("random", _ELIGIBLE, (), PluginSpec("random")),
+        "least_load": ProfileSpec(
+            "least_load", _ELIGIBLE, (PluginSpec("least_inflight"),), PluginSpec("max_score")
+        ),
+        # Load decides, weight only tilts: the weight term moves a total by at most 0.2, while
+        # the least loaded replica leads the most loaded by >= 0.5, so the busiest replica never
+        # wins for being big; equal loads (an idle fleet) go to the larger replicas first.
+        "default": ProfileSpec(
+            "default",
+            _ELIGIBLE,
+            (PluginSpec("least_inflight", 1.0), PluginSpec("weight", 0.2)),
+            PluginSpec("max_score"),
+        ),
+    }
+)

@@ -1,0 +1,33 @@
+"""Helpers for scorers that read scraped replica fields, which may be unknown or stale."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from routing.types import ReplicaSnapshot
+
+NEUTRAL = 0.5
+
+
+def settle(values: Sequence[float | None], replicas: Sequence[ReplicaSnapshot]) -> list[float]:
+    """Unknown (None) scores become neutral; stale ones are pulled toward neutral by freshness.
+
+    Neutral is the mean of the known scores among the candidates (0.5 if none is known), so a
+    replica we know nothing about is neither favoured nor shunned relative to its peers, and an
+    all-unknown fleet scores all-equal (the scorer then expresses no preference).
+    """
+    known = [v for v in values if v is not None]
+    neutral = sum(known) / len(known) if known else NEUTRAL
+    out: list[float] = []
+    for v, r in zip(values, replicas, strict=True):
+        if v is None:
+            out.append(neutral)
+        else:
+            f = min(1.0, max(0.0, r.freshness))
+            out.append(neutral + f * (v - neutral))
+    return out
+
+
+def mem_frac(r: ReplicaSnapshot) -> float | None:
+    """Used fraction of GPU memory from NVML, else vLLM's KV-cache usage (both 0..1)."""
+    return r.gpu_mem_used_frac if r.gpu_mem_used_frac is not None else r.kv_usage

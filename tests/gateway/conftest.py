@@ -1,0 +1,77 @@
+"""Fixtures: a simulated fleet on ephemeral ports and a gateway in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from benchmarks.sim import SimConfig, SimFleet
+from gateway.config import (
+    GatewayConfig,
+    HealthCheckConfig,
+    ReplicaConfig,
+    ServerConfig,
+    UpstreamConfig,
+)
+from gateway.server import RunningGateway, running_gateway
+
+MODEL = "sim-llama-3-8b"
+LORA = "sim-lora"
+# Fast clock: a 16-token answer takes a few milliseconds of wall time.
+SIM = SimConfig(model=MODEL, lora_adapters=(LORA,), time_scale=20.0, kv_events=False, seed=7)
+
+
+async def eventually(
+    predicate: Callable[[], bool],
+    timeout: float = 3.0,  # noqa: ASYNC109 - a polling deadline, not a cancel scope
+    what: str = "condition",
+) -> None:
+    """Poll `predicate` until true; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def gateway_config(fleet: SimFleet, **overrides: object) -> GatewayConfig:
+    base = GatewayConfig(
+        server=ServerConfig(port=0),
+        upstream=UpstreamConfig(connect_timeout_s=1.0),
+        health_check=HealthCheckConfig(interval_s=0.1, timeout_s=0.5),
+        replicas=tuple(ReplicaConfig(url=r.url, name=r.name) for r in fleet.replicas),
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with SimFleet(SIM, replicas=2, host="127.0.0.1", base_port=0) as f:
+        yield f
+
+
+@pytest.fixture
+async def gateway(fleet: SimFleet) -> AsyncIterator[RunningGateway]:
+    async with running_gateway(gateway_config(fleet)) as gw:
+        yield gw
+
+
+@pytest.fixture
+async def client(gateway: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10.0) as c:
+        yield c
+
+
+def in_flight(gw: RunningGateway) -> dict[str, int]:
+    return {r.name: r.in_flight for r in gw.runtime.pool}
+
+
+async def set_faults(url: str, **faults: object) -> None:
+    async with httpx.AsyncClient(timeout=5.0) as c:
+        r = await c.post(url + "/_sim/faults", json=faults)
+        r.raise_for_status()

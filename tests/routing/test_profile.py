@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from routing import (
+    BUILTIN_PROFILES,
+    PluginConfigError,
+    PluginSpec,
+    ProfileSpec,
+    Router,
+    validate_profile,
+)
+
+OK_FILTERS = (PluginSpec("healthy"), PluginSpec("serves_model"))
+OK_SCORERS = (PluginSpec("least_inflight"),)
+OK_PICKER = PluginSpec("max_score")
+
+
+def test_builtin_profiles_are_valid_and_named_by_key() -> None:
+    assert {"round_robin", "least_load", "random", "default"} <= set(BUILTIN_PROFILES)
+    for key, profile in BUILTIN_PROFILES.items():
+        assert profile.name == key
+        validate_profile(profile)
+        assert Router(profile).profile_name == key
+
+
+def test_default_profile_weights() -> None:
+    default = BUILTIN_PROFILES["default"]
+    assert [(s.type, s.weight) for s in default.scorers] == [
+        ("least_inflight", 1.0),
+        ("weight", 0.2),
+    ]
+    assert default.picker.type == "max_score"
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        (
+            ProfileSpec("p", (PluginSpec("healty"),), OK_SCORERS, OK_PICKER),
+            r"profile 'p' filters\[0\]: unknown filter 'healty' \(known: healthy, serves_model\)",
+        ),
+        (
+            ProfileSpec("p", (PluginSpec("least_inflight"),), (), OK_PICKER),
+            r"filters\[0\]: 'least_inflight' is a scorer, it cannot be used as a filter",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, (PluginSpec("healthy"),), OK_PICKER),
+            r"scorers\[0\]: 'healthy' is a filter, it cannot be used as a scorer",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, OK_SCORERS, PluginSpec("weight")),
+            r"picker: 'weight' is a scorer, it cannot be used as a picker",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, (*OK_SCORERS, PluginSpec("least_inflight")), OK_PICKER),
+            r"profile 'p': plugin 'least_inflight' appears twice",
+        ),
+        (
+            ProfileSpec("p", (*OK_FILTERS, PluginSpec("healthy")), OK_SCORERS, OK_PICKER),
+            r"plugin 'healthy' appears twice",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", -0.5),), OK_PICKER),
+            r"scorers\[0\]: weight of 'weight' must be finite and >= 0, got -0.5",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", math.nan),), OK_PICKER),
+            r"weight of 'weight' must be finite",
+        ),
+        (
+            ProfileSpec("p", (PluginSpec("healthy", 2.0),), (), OK_PICKER),
+            r"'healthy' is a filter; only scorers take a weight",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, OK_SCORERS, None),  # type: ignore[arg-type]
+            r"profile 'p': no picker",
+        ),
+        (
+            ProfileSpec("p", OK_FILTERS, OK_SCORERS, PluginSpec("max_score", params={"sed": 1})),
+            r"plugin 'max_score': unknown parameter 'sed'",
+        ),
+    ],
+)
+def test_invalid_profiles_are_rejected(profile: ProfileSpec, message: str) -> None:
+    with pytest.raises(PluginConfigError, match=message):
+        validate_profile(profile)
+    with pytest.raises(PluginConfigError, match=message):
+        Router(profile)
+
+
+def test_zero_weight_scorer_is_allowed() -> None:
+    validate_profile(ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", 0.0),), OK_PICKER))

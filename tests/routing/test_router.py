@@ -1,0 +1,205 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import pytest
+
+from routing import (
+    BUILTIN_PROFILES,
+    PLUGINS,
+    NoReplicaError,
+    Pick,
+    PluginFactory,
+    PluginSpec,
+    ProfileSpec,
+    ReplicaSnapshot,
+    RequestFeatures,
+    Router,
+    RoutingError,
+    param,
+)
+from routing.plugin import AnyFactory
+from tests.routing.replicas import MODEL, REQUEST, replica
+
+
+@dataclass(frozen=True, slots=True)
+class _LabelParams:
+    """Which label holds the score."""
+
+    label: str = param("score", "label to read")
+
+
+class _LabelScorer:
+    """Scores each replica with float(labels[label]), out-of-range values included."""
+
+    def __init__(self, params: _LabelParams) -> None:
+        self._label = params.label
+
+    def score(self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]) -> list[float]:
+        return [float(r.labels[self._label]) for r in replicas]
+
+
+class _ShortScorer:
+    """A broken scorer: one score too few."""
+
+    def __init__(self, params: _LabelParams) -> None:
+        del params
+
+    def score(self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]) -> list[float]:
+        return [1.0] * (len(replicas) - 1)
+
+
+class _LastPicker:
+    """A broken picker: one past the end."""
+
+    def __init__(self, params: _LabelParams) -> None:
+        del params
+
+    def pick(
+        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Sequence[float]
+    ) -> Pick:
+        return Pick(len(replicas), "past_end")
+
+
+_EXTRA: dict[str, AnyFactory] = {
+    "label_a": PluginFactory("t.label_a", "A.", "scorer", _LabelParams, _LabelScorer),
+    "label_b": PluginFactory("t.label_b", "B.", "scorer", _LabelParams, _LabelScorer),
+    "short": PluginFactory("t.short", "S.", "scorer", _LabelParams, _ShortScorer),
+    "past_end": PluginFactory("t.past_end", "P.", "picker", _LabelParams, _LastPicker),
+}
+TEST_PLUGINS = MappingProxyType({**PLUGINS, **_EXTRA})
+
+
+def _router(
+    scorers: tuple[PluginSpec, ...] = (), picker: str = "max_score", **picker_params: object
+) -> Router:
+    filters = (PluginSpec("healthy"), PluginSpec("serves_model"))
+    profile = ProfileSpec("t", filters, scorers, PluginSpec(picker, params=picker_params))
+    return Router(profile, TEST_PLUGINS)
+
+
+@pytest.mark.parametrize(
+    ("raw", "clamped"),
+    [
+        ("0.5", 0.5),
+        ("0", 0.0),
+        ("1", 1.0),
+        ("1.7", 1.0),
+        ("-0.3", 0.0),
+        ("inf", 1.0),
+        ("-inf", 0.0),
+        ("nan", 0.0),
+    ],
+)
+def test_scores_are_clamped_and_nan_is_zero(raw: str, clamped: float) -> None:
+    reps = [replica("x", labels={"score": raw}), replica("y", labels={"score": "0.25"})]
+    decision = _router((PluginSpec("label_a", 2.0),), seed=0).route(REQUEST, reps)
+    assert decision.scores["label_a"] == {"x": clamped, "y": 0.25}
+    assert decision.replica.name == ("x" if clamped > 0.25 else "y")
+    assert decision.total == 2.0 * max(clamped, 0.25)
+    assert not math.isnan(decision.total)
+
+
+def test_totals_are_weighted_sums_and_scores_stay_unweighted() -> None:
+    reps = [
+        replica("a", labels={"a": "1.0", "b": "0.0"}),
+        replica("b", labels={"a": "0.0", "b": "1.0"}),
+        replica("c", labels={"a": "0.5", "b": "0.5"}),
+    ]
+    scorers = (
+        PluginSpec("label_a", 1.0, {"label": "a"}),
+        PluginSpec("label_b", 3.0, {"label": "b"}),
+    )
+    decision = _router(scorers, seed=0).route(REQUEST, reps)
+    assert decision.replica.name == "b"
+    assert (decision.branch, decision.total, decision.candidates) == ("max_score", 3.0, 3)
+    assert decision.scores == {
+        "label_a": {"a": 1.0, "b": 0.0, "c": 0.5},
+        "label_b": {"a": 0.0, "b": 1.0, "c": 0.5},
+    }
+
+
+@pytest.mark.parametrize(
+    ("fleet", "exclude", "reason"),
+    [
+        ([], (), "no replicas configured"),
+        ([replica("a"), replica("b")], ("a", "b"), "every replica was already tried"),
+        ([replica("a", healthy=False)], (), "filter 'healthy' removed every replica"),
+        ([replica("a", models=("qwen",))], (), "filter 'serves_model' removed every replica"),
+        (
+            [replica("a", models=("qwen",)), replica("b", healthy=False)],
+            ("c",),
+            "filter 'serves_model' removed every replica",
+        ),
+        ([replica("a"), replica("b", healthy=False)], {"a"}, "filter 'healthy' removed"),
+    ],
+)
+def test_no_replica_names_the_reason(
+    fleet: list[ReplicaSnapshot], exclude: tuple[str, ...], reason: str
+) -> None:
+    with pytest.raises(NoReplicaError, match=reason) as info:
+        Router(BUILTIN_PROFILES["default"]).route(REQUEST, fleet, exclude)
+    assert info.value.model == MODEL
+
+
+def test_exclude_never_returns_a_replica_already_tried() -> None:
+    fleet = [replica(n) for n in "abcd"]
+    router = Router(BUILTIN_PROFILES["random"])
+    tried: list[str] = []
+    for _ in range(4):
+        decision = router.route(REQUEST, fleet, tried)
+        assert decision.replica.name not in tried
+        assert decision.candidates == 4 - len(tried)
+        tried.append(decision.replica.name)
+    assert sorted(tried) == ["a", "b", "c", "d"]
+
+
+def test_least_load_sends_to_the_least_loaded_candidate() -> None:
+    fleet = [
+        replica("busy", in_flight=9),
+        replica("idle-but-down", in_flight=0, healthy=False),
+        replica("light", in_flight=2),
+        replica("wrong-model", in_flight=0, models=("qwen",)),
+    ]
+    decision = Router(BUILTIN_PROFILES["least_load"]).route(REQUEST, fleet)
+    assert (decision.replica.name, decision.branch, decision.candidates) == (
+        "light",
+        "max_score",
+        2,
+    )
+    assert decision.scores == {"least_inflight": {"busy": 0.125, "light": 1.0}}
+
+
+def test_default_profile_prefers_load_over_weight_and_weight_on_equal_load() -> None:
+    router = Router(BUILTIN_PROFILES["default"])
+    big_busy = [replica("big", weight=4.0, in_flight=3), replica("small", weight=1.0)]
+    assert router.route(REQUEST, big_busy).replica.name == "small"
+    idle = [replica("big", weight=4.0), replica("small", weight=1.0)]
+    assert router.route(REQUEST, idle).replica.name == "big"
+
+
+def test_round_robin_profile_rotates_without_scores() -> None:
+    router = Router(BUILTIN_PROFILES["round_robin"])
+    fleet = [replica(n) for n in "abc"]
+    decisions = [router.route(REQUEST, fleet) for _ in range(6)]
+    assert [d.replica.name for d in decisions] == list("abcabc")
+    assert all(d.scores == {} and d.total == 0.0 and d.branch == "round_robin" for d in decisions)
+
+
+def test_broken_scorer_and_picker_are_reported() -> None:
+    fleet = [replica(n, labels={"score": "1"}) for n in "ab"]
+    with pytest.raises(RoutingError, match="scorer 'short' returned 1 scores for 2 replicas"):
+        _router((PluginSpec("short"),)).route(REQUEST, fleet)
+    with pytest.raises(RoutingError, match="picker chose index 2 of 2 candidates"):
+        _router((), "past_end").route(REQUEST, fleet)
+
+
+def test_each_router_owns_its_plugin_state() -> None:
+    fleet = [replica(n) for n in "ab"]
+    first, second = (Router(BUILTIN_PROFILES["round_robin"]) for _ in range(2))
+    assert first.route(REQUEST, fleet).replica.name == "a"
+    assert first.route(REQUEST, fleet).replica.name == "b"
+    assert second.route(REQUEST, fleet).replica.name == "a"

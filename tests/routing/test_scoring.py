@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from routing.scoring import NEUTRAL, mem_frac, settle
+from tests.routing.replicas import replica
+
+
+@pytest.mark.parametrize(
+    ("values", "fresh", "expected"),
+    [
+        ([0.2, 0.8], [1.0, 1.0], [0.2, 0.8]),
+        ([0.2, None, 0.8], [1.0, 1.0, 1.0], [0.2, 0.5, 0.8]),
+        ([0.9, None], [1.0, 1.0], [0.9, 0.9]),
+        ([None, None], [1.0, 1.0], [NEUTRAL, NEUTRAL]),
+        # Half-stale pulls halfway toward the mean of the known values (0.5).
+        ([0.0, 1.0], [0.5, 1.0], [0.25, 1.0]),
+        ([0.0, 1.0], [0.0, 0.0], [0.5, 0.5]),
+        ([0.0, 1.0], [-1.0, 2.0], [0.5, 1.0]),
+    ],
+)
+def test_settle(values: list[float | None], fresh: list[float], expected: list[float]) -> None:
+    reps = [replica(f"r{i}", freshness=f) for i, f in enumerate(fresh)]
+    assert settle(values, reps) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kv", "expected"),
+    [(0.9, 0.3, 0.9), (None, 0.3, 0.3), (None, None, None), (0.0, 0.7, 0.0)],
+)
+def test_mem_frac_prefers_nvml(gpu: float | None, kv: float | None, expected: float | None) -> None:
+    assert mem_frac(replica("r", gpu_mem_used_frac=gpu, kv_usage=kv)) == expected
