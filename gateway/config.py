@@ -98,6 +98,8 @@ class ReplicaConfig:
     models: tuple[str, ...] = ()
     weight: float = 1.0
     labels: dict[str, str] = field(default_factory=dict)
+    # NVML device indices of this replica, when the gateway runs on its GPU host (sidecar).
+    gpu_indices: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -137,6 +139,60 @@ class RoutingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreLoopConfig:
+    """How replica state is kept fresh."""
+
+    scrape_interval_s: float = 0.1
+    scrape_timeout_s: float = 0.5
+    # Scraped values older than this lose trust linearly, down to none at 5x.
+    stale_after_s: float = 1.0
+    # TTFT / inter-token percentiles and error rates cover this much recent history.
+    latency_window_s: float = 30.0
+    # Worker heartbeats (GPU memory / utilisation) older than this are ignored.
+    heartbeat_stale_s: float = 10.0
+    # NVML on this host: "auto" (use it when present), "off".
+    nvml: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("scrape_interval_s", "scrape_timeout_s", "stale_after_s", "latency_window_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.nvml not in ("auto", "off"):
+            raise ValueError(f"nvml must be 'auto' or 'off', got {self.nvml!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheIndexConfig:
+    """The three-tier cache index: prompt and session affinity, per-replica prefix blocks."""
+
+    # Directory with the replicas' tokenizer.json / tokenizer_config.json; empty = no tokenizer
+    # (prefixes are hashed as fixed-size character blocks instead of token blocks).
+    tokenizer: str = ""
+    # Token block size of the replicas (vLLM --block-size); used with a tokenizer.
+    block_size: int = 16
+    # Characters per block without a tokenizer (64 characters ~ 16 tokens).
+    block_chars: int = 64
+    prompt_cache_ttl_s: float = 60.0
+    max_prompts: int = 100_000
+    # Header carrying a session id; the body's `user` field is the fallback.
+    session_header: str = "x-session-id"
+    session_ttl_s: float = 600.0
+    max_sessions: int = 100_000
+    # Blocks assumed per replica until its vllm:cache_config_info is scraped.
+    default_capacity_blocks: int = 16_384
+    # Memory bound of the whole prefix index (about 200 bytes per block).
+    max_total_blocks: int = 2_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "block_chars", "max_prompts", "max_sessions"):
+            _positive(name, getattr(self, name))
+        for name in ("prompt_cache_ttl_s", "session_ttl_s"):
+            _positive(name, getattr(self, name))
+        _positive("default_capacity_blocks", self.default_capacity_blocks)
+        _positive("max_total_blocks", self.max_total_blocks)
+
+
+@dataclass(frozen=True, slots=True)
 class TelemetryConfig:
     """Prometheus metrics."""
 
@@ -151,6 +207,8 @@ class GatewayConfig:
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     health_check: HealthCheckConfig = field(default_factory=HealthCheckConfig)
     routing: RoutingConfig = field(default_factory=RoutingConfig)
+    score_loop: ScoreLoopConfig = field(default_factory=ScoreLoopConfig)
+    cache_index: CacheIndexConfig = field(default_factory=CacheIndexConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     replicas: tuple[ReplicaConfig, ...] = ()
 

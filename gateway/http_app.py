@@ -26,6 +26,7 @@ from gateway.errors import (
     Unauthorized,
     error_body,
 )
+from gateway.gpu import apply_heartbeat
 from gateway.headers import client_response_headers
 from gateway.requests import Kind, ParsedRequest, parse_request
 from gateway.runtime import Runtime
@@ -93,6 +94,7 @@ class GatewayApp:
             Route("/health", self._health, methods=["GET"]),
             Route("/ready", self._ready, methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            Route("/admin/heartbeat", self._heartbeat, methods=["POST"]),
             *(Route(p, self._method_not_allowed, methods=["GET"]) for p in _HOT_PATHS),
         ]
         if runtime.config.telemetry.metrics_enabled:
@@ -275,6 +277,21 @@ class GatewayApp:
     async def _models(self, _request: Request) -> Response:
         body = orjson.dumps({"object": "list", "data": self.runtime.pool.model_cards()})
         return Response(body, media_type="application/json")
+
+    async def _heartbeat(self, request: Request) -> Response:
+        try:
+            self._authorize(request.headers.raw)
+            body = await request.body()
+            if len(body) > 65536:
+                raise PayloadTooLarge("Heartbeat too large.")
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise BadRequest("Invalid JSON in heartbeat.") from None
+            apply_heartbeat(self.runtime.pool, data)
+        except GatewayError as err:
+            return Response(err.body(), status_code=err.status, media_type="application/json")
+        return Response(status_code=204)
 
     async def _metrics(self, _request: Request) -> Response:
         return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)

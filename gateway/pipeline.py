@@ -8,6 +8,7 @@ import time
 
 import aiohttp
 
+from gateway.affinity import Affinity
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -50,7 +51,9 @@ class Pipeline:
         router: Router,
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
+        affinity: Affinity,
     ) -> None:
+        self._affinity = affinity
         self._cfg = config.upstream
         self._passive_threshold = config.health_check.passive_failure_threshold
         self._pool = pool
@@ -74,11 +77,12 @@ class Pipeline:
         """Return an exchange holding the first upstream byte, or raise a client-safe error."""
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
+        features = self._affinity.features(req, client_headers)
         tried: list[str] = []
         last: GatewayError | None = None
         for _ in range(1 + self._cfg.max_retries):
             try:
-                decision = self._router.route(req.features, self._pool.snapshots(), tried)
+                decision = self._router.route(features, self._pool.snapshots(), tried)
             except NoReplicaError as exc:
                 if last is not None:
                     raise last from None
@@ -88,8 +92,14 @@ class Pipeline:
                 ) from None
             name = decision.replica.name
             lease = self._pool.acquire(name)
+            replica = lease.replica
+            # Counted as queued prefill on the replica until its first byte arrives.
+            replica.queued_prefill_tokens += features.prompt_tokens
             try:
-                return await self._attempt(req, headers, decision, lease, started)
+                exchange = await self._attempt(req, headers, decision, lease, started)
+                if exchange.status < 400:
+                    self._affinity.record(features, name)
+                return exchange
             except _Retryable as failure:
                 lease.release(False, self._passive_threshold)
                 log.warning(
@@ -105,6 +115,8 @@ class Pipeline:
                 # Client gone or server stopping: not the replica's fault.
                 lease.release(True, self._passive_threshold)
                 raise
+            finally:
+                replica.queued_prefill_tokens -= features.prompt_tokens
         assert last is not None
         raise last
 

@@ -8,11 +8,14 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 
+from gateway.affinity import Affinity
 from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
 from gateway.config_loader import ConfigError
+from gateway.gpu import Nvml
 from gateway.health import HealthChecker
 from gateway.pipeline import Pipeline
 from gateway.replicas import ReplicaPool, ReplicaState
+from gateway.score_loop import ScoreLoop
 from gateway.upstream import make_session
 from routing.profile import BUILTIN_PROFILES, PluginSpec, ProfileSpec
 from routing.router import Router
@@ -56,7 +59,13 @@ class Runtime:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.router = build_router(config)
-        self.pool = ReplicaPool.from_configs(config.replicas)
+        self.pool = ReplicaPool.from_configs(
+            config.replicas,
+            stale_after_s=config.score_loop.stale_after_s,
+            gpu_stale_s=config.score_loop.heartbeat_stale_s,
+        )
+        self.nvml: Nvml | None = None
+        self.affinity = Affinity(config.cache_index, self.pool.is_lora)
         self.metrics = GatewayMetrics(self.pool.live_rows)
         self.draining = False
         self._stack = AsyncExitStack()
@@ -72,14 +81,24 @@ class Runtime:
     async def start(self) -> None:
         session = make_session(self.config.upstream)
         self._session = session
-        self._pipeline = Pipeline(self.config, self.pool, self.router, session, self.metrics)
+        self._pipeline = Pipeline(
+            self.config, self.pool, self.router, session, self.metrics, self.affinity
+        )
         checker = HealthChecker(self.config.health_check, session)
-        # One probe round before serving so a healthy fleet is routable from the first request.
+        scores = ScoreLoop(self.config.score_loop, session, self.affinity.prefixes.set_capacity)
+        # One probe and scrape round before serving: a healthy fleet is routable, with load
+        # figures, from the first request.
         await asyncio.gather(*(checker.probe(r) for r in self.pool))
+        await asyncio.gather(*(scores.scrape(r) for r in self.pool))
         tg = asyncio.TaskGroup()
         await self._stack.enter_async_context(tg)
         for replica in self.pool:
             self._tasks.append(tg.create_task(self._health_loop(checker, replica)))
+            self._tasks.append(tg.create_task(scores.run(replica)))
+        if self.config.score_loop.nvml == "auto" and any(r.config.gpu_indices for r in self.pool):
+            self.nvml = Nvml()
+            if self.nvml.available:
+                self._tasks.append(tg.create_task(self.nvml.run(self.pool)))
         log.info(
             "routing profile %r over %d replicas (%d healthy)",
             self.router.profile_name,

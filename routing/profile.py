@@ -86,6 +86,21 @@ def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = P
 
 
 _ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
+_AFFINITY_FILTERS = (*_ELIGIBLE, PluginSpec("lora_affinity"))
+_LOAD_SCORERS = (
+    PluginSpec("least_inflight", 1.0),
+    PluginSpec("queue_load", 1.0),
+    PluginSpec("kv_utilization", 1.0),
+    PluginSpec("token_load", 1.0),
+)
+
+
+def _prefix(name: str) -> ProfileSpec:
+    # Prefix affinity weighs as much as two load signals, and the affinity_guard picker keeps
+    # it from overloading a holder. Provisional weights: the benchmark tunes them.
+    scorers = (*_LOAD_SCORERS[:3], PluginSpec("prefix_affinity", 2.0), _LOAD_SCORERS[3])
+    return ProfileSpec(name, _AFFINITY_FILTERS, scorers, PluginSpec("affinity_guard"))
+
 
 BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
     {
@@ -94,14 +109,14 @@ BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
         "least_load": ProfileSpec(
             "least_load", _ELIGIBLE, (PluginSpec("least_inflight"),), PluginSpec("max_score")
         ),
-        # Load decides, weight only tilts: the weight term moves a total by at most 0.2, while
-        # the least loaded replica leads the most loaded by >= 0.5, so the busiest replica never
-        # wins for being big; equal loads (an idle fleet) go to the larger replicas first.
-        "default": ProfileSpec(
-            "default",
-            _ELIGIBLE,
-            (PluginSpec("least_inflight", 1.0), PluginSpec("weight", 0.2)),
-            PluginSpec("max_score"),
+        # Sticky sessions (the gateway sets affinity_replica from the session id), released by
+        # the load guard; misses and guarded requests go by load.
+        "session": ProfileSpec(
+            "session", _AFFINITY_FILTERS, _LOAD_SCORERS, PluginSpec("affinity_guard")
         ),
+        "prefix": _prefix("prefix"),
+        # The prefix profile: with no KV events the gateway fills prefix_match from its
+        # approximate index, and with no index data at all it degrades to pure load balancing.
+        "default": _prefix("default"),
     }
 )

@@ -7,17 +7,25 @@ from types import MappingProxyType
 
 from routing.plugin import AnyFactory, PluginInfo
 from routing.plugins import (
-    composite_node,
+    affinity_guard,
     congestion,
     feedback_weight,
+    fusion,
     healthy,
+    kv_utilization,
+    label,
+    latency_tier,
     least_inflight,
+    lora_affinity,
     max_score,
-    multi_dim_fusion,
-    p99_tier,
+    prefix_affinity,
+    queue_load,
     random,
     round_robin,
+    saturation,
+    seed_composite,
     serves_model,
+    token_load,
     weight,
 )
 
@@ -25,16 +33,24 @@ _FACTORIES: tuple[AnyFactory, ...] = (
     # filters
     healthy.FACTORY,
     serves_model.FACTORY,
+    saturation.FACTORY,
+    lora_affinity.FACTORY,
+    label.FACTORY,
     # scorers
     least_inflight.FACTORY,
+    queue_load.FACTORY,
+    kv_utilization.FACTORY,
+    token_load.FACTORY,
+    prefix_affinity.FACTORY,
     weight.FACTORY,
-    composite_node.FACTORY,
-    multi_dim_fusion.FACTORY,
+    seed_composite.FACTORY,
+    fusion.FACTORY,
     feedback_weight.FACTORY,
-    p99_tier.FACTORY,
+    latency_tier.FACTORY,
     congestion.FACTORY,
     # pickers
     max_score.FACTORY,
+    affinity_guard.FACTORY,
     random.FACTORY,
     round_robin.FACTORY,
 )

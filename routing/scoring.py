@@ -31,3 +31,25 @@ def settle(values: Sequence[float | None], replicas: Sequence[ReplicaSnapshot]) 
 def mem_frac(r: ReplicaSnapshot) -> float | None:
     """Used fraction of GPU memory from NVML, else vLLM's KV-cache usage (both 0..1)."""
     return r.gpu_mem_used_frac if r.gpu_mem_used_frac is not None else r.kv_usage
+
+
+def relative(values: Sequence[float], unit: float = 1.0) -> list[float]:
+    """1 for the lowest value, falling by 1 / (spread + unit) per `unit` above it.
+
+    `unit` is the difference worth caring about (one request, a few hundred tokens): spreads
+    smaller than it barely move the scores, and equal values all score 1.
+    """
+    low = min(values)
+    scale = 1.0 / (max(values) - low + unit)
+    return [1.0 - (x - low) * scale for x in values]
+
+
+def load(r: ReplicaSnapshot) -> float:
+    """Requests on the replica: the gateway's in-flight count, or vLLM's running + waiting.
+
+    The larger of the two: in_flight sees a burst before the next scrape, running + waiting
+    sees requests from other clients (other gateway replicas, direct users).
+    """
+    if r.running is None or r.waiting is None:
+        return float(r.in_flight)
+    return max(float(r.in_flight), r.running + r.waiting)

@@ -50,6 +50,11 @@ class ReplicaSnapshot:
     gpu_util: float | None = None
     # 0..1: how much the scraped fields can be trusted (1 fresh, 0 stale).
     freshness: float = 1.0
+    # Prompt tokens of this gateway's requests sent to the replica and not yet past prefill
+    # (maintained by the gateway, exact like in_flight).
+    queued_prefill_tokens: int = 0
+    # LoRA adapters currently loaded on the replica (from vLLM's lora_requests_info metric).
+    loaded_adapters: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,10 @@ class RequestFeatures:
     # e.g. matched prefix blocks; plugins read them, never compute them.
     prefix_match: Mapping[str, int] = field(default_factory=dict)
     affinity_replica: str | None = None
+    # Why affinity_replica is set: "prompt_cache" (tier-1 prompt hash) or "session".
+    affinity_kind: str | None = None
+    # Routing hints from the client (e.g. x-model-hint -> {"arch": "int4"}), matched to labels.
+    hints: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

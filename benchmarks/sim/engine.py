@@ -88,6 +88,7 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle_start = 0.0
 
     @property
     def num_running(self) -> int:
@@ -103,6 +104,7 @@ class Engine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._idle_start = self._loop.time()
         self._task = asyncio.create_task(self._run(), name="sim-engine")
 
     async def stop(self) -> None:
@@ -116,6 +118,9 @@ class Engine:
     def submit(self, req: EngineRequest) -> None:
         assert self._loop is not None, "engine not started"
         req.t_arrival = self._loop.time()
+        if not self._wake.is_set():
+            # Waking an idle engine: the first step starts at the arrival, not at the wake-up.
+            self._idle_start = req.t_arrival
         self.scheduler.add(req)
         self._wake.set()
 
@@ -172,12 +177,13 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         sched = self.scheduler
-        deadline = loop.time()
+        # A request submitted before this task first ran set _idle_start to its arrival.
+        deadline = self._idle_start
         while True:
             if not sched.running and not sched.num_waiting:
                 self._wake.clear()
                 await self._wake.wait()  # idle replicas do not spin
-                deadline = loop.time()
+                deadline = self._idle_start
             plan = sched.schedule()
             for r in plan.rejected:
                 if isinstance(r, EngineRequest):
@@ -188,6 +194,7 @@ class Engine:
                 if not plan.preempted and not plan.rejected:
                     self._wake.clear()
                     await self._wake.wait()
+                    deadline = loop.time()
                 continue
             now = loop.time()
             for r in plan.admitted:

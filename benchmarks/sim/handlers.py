@@ -288,7 +288,7 @@ async def tokenize(request: web.Request) -> web.Response:
         elif isinstance(body.get("prompt"), str):
             ids = rep.encode_prompt(body["prompt"], chat=False)
         else:
-            raise P.bad_request("prompt (string) or messages (list) is required", "prompt")
+            raise P.invalid("prompt (string) or messages (list) is required")
     except P.ApiError as exc:
         return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
     except (SimError, CacheIndexError) as exc:

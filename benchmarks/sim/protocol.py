@@ -36,8 +36,17 @@ def error_type(status: int) -> str:
     return _TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 
 
-def bad_request(message: str, param: str | None = None) -> ApiError:
+def bad_request(message: str, param: str | None = None, value: object = None) -> ApiError:
+    """A VLLMValidationError: str() of it appends "(parameter=..., value=...)" when set."""
+    extras = [f"{k}={v}" for k, v in (("parameter", param), ("value", value)) if v is not None]
+    if extras:
+        message = f"{message} ({', '.join(extras)})"
     return ApiError(400, message, "BadRequestError", param)
+
+
+def invalid(message: str) -> ApiError:
+    """A pydantic/FastAPI RequestValidationError: vLLM's handler types it with the phrase."""
+    return ApiError(400, message, "Bad Request")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +58,7 @@ class GenRequest:
     prompt_ids: list[int] | None
     messages: list[dict[str, Any]] | None
     max_tokens: int | None
+    n: int
     stream: bool
     include_usage: bool
     stop: tuple[str, ...]
@@ -61,9 +71,9 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise bad_request(f"JSON decode error: {exc}") from exc
+        raise invalid(f"JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
-        raise bad_request("Input should be a valid dictionary or object to extract fields from")
+        raise invalid("Input should be a valid dictionary or object to extract fields from")
     return body
 
 
@@ -72,9 +82,9 @@ def _int(body: dict[str, Any], key: str, default: int | None, minimum: int) -> i
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise bad_request(f"{key} must be an integer", key)
+        raise invalid(f"{key} must be an integer")
     if v < minimum:
-        raise bad_request(f"{key} must be at least {minimum}, got {v}.", key)
+        raise bad_request(f"{key} must be at least {minimum}, got {v}.", key, v)
     return v
 
 
@@ -82,14 +92,14 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
     """Validate the fields vLLM validates; everything else is accepted and ignored."""
     model = body.get("model") or default_model
     if not isinstance(model, str):
-        raise bad_request("model must be a string", "model")
+        raise invalid("model must be a string")
     prompt: str | None = None
     prompt_ids: list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     if chat:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-            raise bad_request("messages must be a non-empty list of message objects", "messages")
+            raise invalid("messages must be a non-empty list of message objects")
         messages = msgs
         max_tokens = _int(body, "max_completion_tokens", None, 1)
         if max_tokens is None:
@@ -102,22 +112,20 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
             prompt = p
         elif isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p):
             prompt_ids = list(p)
-        elif p is None or p == "" or p == []:
-            raise bad_request("Prompt cannot be empty", "prompt")
+        elif p is None:
+            raise invalid("Either prompt or prompt_embeds must be provided.")
+        elif p == "" or p == []:
+            raise bad_request("Prompt cannot be empty")
         else:
-            raise bad_request(
-                "prompt must be a string, a list of token ids, or a batch of one", "prompt"
-            )
+            raise invalid("prompt must be a string, a list of token ids, or a batch of one")
         max_tokens = _int(body, "max_tokens", 16, 1)
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise bad_request("the simulator supports n=1 only", "n")
+    n = _int(body, "n", 1, 1) or 1
     stream = body.get("stream") is True
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
-        raise bad_request("stream_options must be an object", "stream_options")
+        raise invalid("stream_options must be an object")
     if opts and not stream:
-        raise bad_request("Stream options can only be defined when `stream=True`.")
+        raise invalid("Stream options can only be defined when `stream=True`.")
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -126,17 +134,18 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(s for s in stop if s)
     else:
-        raise bad_request("stop must be a string or a list of strings", "stop")
+        raise invalid("stop must be a string or a list of strings")
     priority = _int(body, "priority", 0, -(2**31))
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
-        raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.")
+        raise invalid("Parameter 'cache_salt' must be a non-empty string if provided.")
     return GenRequest(
         model=model,
         prompt=prompt,
         prompt_ids=prompt_ids,
         messages=messages,
         max_tokens=max_tokens,
+        n=n,
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
         stop=stops,
@@ -152,7 +161,9 @@ def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) ->
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
             f"request has {prompt_len} input tokens. Please reduce the length of the input "
-            "messages."
+            "messages.",
+            "input_tokens",
+            prompt_len,
         )
     if max_tokens is None:
         return max_model_len - prompt_len
@@ -160,61 +171,78 @@ def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) ->
         raise bad_request(
             f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
             f"maximum context length is {max_model_len} tokens and your request has "
-            f"{prompt_len} input tokens ({max_tokens} > {max_model_len} - {prompt_len})."
+            f"{prompt_len} input tokens ({max_tokens} > {max_model_len} - {prompt_len}).",
+            "max_tokens",
+            max_tokens,
         )
     return max_tokens
 
 
 def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """Non-streamed usage; vLLM sets prompt_tokens_details only when some tokens were cached."""
     return {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One finished choice of a non-streamed answer."""
+
+    index: int
+    text: str
+    finish_reason: str
+    stop_reason: str | None
+
+
 class StreamFrames:
-    """Pre-rendered SSE frame pieces of one stream: a chunk costs two concatenations."""
+    """Pre-rendered SSE frame pieces of one stream: a chunk costs a few concatenations."""
 
     def __init__(self, req_id: str, created: int, model: str, chat: bool) -> None:
         self.chat = chat
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._top = {"id": req_id, "object": obj, "created": created, "model": model}
-        top = orjson.dumps(self._top)[:-1]
+        self._head = b"data: " + orjson.dumps(self._top)[:-1] + b',"choices":[{"index":'
         if chat:
-            self._head = b"data: " + top + b',"choices":[{"index":0,"delta":{"content":'
+            self._mid = b',"delta":{"content":'
             self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
         else:
-            self._head = b"data: " + top + b',"choices":[{"index":0,"text":'
+            self._mid = b',"text":'
             self._tail = (
                 b',"logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}\n\n'
             )
 
-    def role(self) -> bytes:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                  "finish_reason": None}  # fmt: skip
+    def role(self, index: int = 0) -> bytes:
+        choice = {"index": index, "delta": {"role": "assistant", "content": ""},
+                  "logprobs": None, "finish_reason": None}  # fmt: skip
         return b"data: " + orjson.dumps({**self._top, "choices": [choice]}) + b"\n\n"
 
-    def chunk(self, text: str) -> bytes:
-        return self._head + orjson.dumps(text) + self._tail
+    def chunk(self, text: str, index: int = 0) -> bytes:
+        return self._head + str(index).encode() + self._mid + orjson.dumps(text) + self._tail
 
-    def final(self, text: str, finish_reason: str, stop_reason: str | None) -> bytes:
+    def final(
+        self, text: str, finish_reason: str, stop_reason: str | None, index: int = 0
+    ) -> bytes:
         if self.chat:
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": {"content": text},
                 "logprobs": None,
                 "finish_reason": finish_reason,
                 "stop_reason": stop_reason,
             }
             return b"data: " + orjson.dumps({**self._top, "choices": [choice]}) + b"\n\n"
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
+        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": stop_reason}  # fmt: skip
         body = {**self._top, "choices": [choice], "usage": None}
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def usage(self, u: dict[str, Any]) -> bytes:
+        # vLLM dumps the usage chunk with exclude_none: an unset prompt_tokens_details vanishes.
+        u = {k: v for k, v in u.items() if v is not None}
         return b"data: " + orjson.dumps({**self._top, "choices": [], "usage": u}) + b"\n\n"
 
 
@@ -226,28 +254,29 @@ def error_event(status: int, message: str) -> bytes:
 
 
 def completion_body(
-    req_id: str, created: int, model: str, text: str, finish: str, stop_reason: str | None,
-    u: dict[str, Any],
-) -> bytes:  # fmt: skip
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-              "stop_reason": stop_reason, "prompt_logprobs": None}  # fmt: skip
+    req_id: str, created: int, model: str, choices: list[Choice], u: dict[str, Any]
+) -> bytes:
+    out = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason, "prompt_logprobs": None} for c in choices]  # fmt: skip
     return orjson.dumps({"id": req_id, "object": "text_completion", "created": created,
-                         "model": model, "choices": [choice], "usage": u,
+                         "model": model, "choices": out, "usage": u,
                          "kv_transfer_params": None})  # fmt: skip
 
 
 def chat_body(
-    req_id: str, created: int, model: str, text: str, finish: str, stop_reason: str | None,
-    u: dict[str, Any],
-) -> bytes:  # fmt: skip
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "reasoning_content": None,
-        "content": text,
-        "tool_calls": [],
-    }
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
-              "stop_reason": stop_reason}  # fmt: skip
+    req_id: str, created: int, model: str, choices: list[Choice], u: dict[str, Any]
+) -> bytes:
+    out = [
+        {
+            "index": c.index,
+            "message": {"role": "assistant", "reasoning_content": None, "content": c.text,
+                        "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+        }
+        for c in choices
+    ]  # fmt: skip
     return orjson.dumps({"id": req_id, "object": "chat.completion", "created": created,
-                         "model": model, "choices": [choice], "usage": u,
+                         "model": model, "choices": out, "usage": u,
                          "prompt_logprobs": None, "kv_transfer_params": None})  # fmt: skip

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory
+from routing.scoring import relative
 from routing.types import ReplicaSnapshot, RequestFeatures
 
 
@@ -30,10 +31,7 @@ class LeastInflight:
         del params
 
     def score(self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]) -> list[float]:
-        loads = [r.in_flight for r in replicas]
-        low = min(loads)
-        scale = 1.0 / (max(loads) - low + 1)
-        return [1.0 - (x - low) * scale for x in loads]
+        return relative([float(r.in_flight) for r in replicas])
 
 
 FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, LeastInflight)

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from benchmarks.sim import SimFleet
-from gateway.config import HealthCheckConfig, UpstreamConfig
+from gateway.config import HealthCheckConfig, RoutingConfig, UpstreamConfig
 from gateway.server import RunningGateway, running_gateway
 from tests.gateway.conftest import MODEL, eventually, gateway_config, in_flight, set_faults
 
@@ -25,8 +25,10 @@ ZERO = {"sim-0": 0, "sim-1": 0}
 
 def _slow_health(fleet: SimFleet, **upstream: object) -> object:
     # Passive failure detection and slow probes: these tests watch retries, not health checks.
+    # Round-robin: every replica gets traffic, whatever the cache affinity would prefer.
     return gateway_config(
         fleet,
+        routing=RoutingConfig(profile="round_robin"),
         health_check=HealthCheckConfig(interval_s=30.0, passive_failure_threshold=100),
         upstream=replace(UpstreamConfig(connect_timeout_s=1.0), **upstream),
     )
@@ -178,7 +180,9 @@ async def test_client_disconnect_before_first_token(fleet: SimFleet) -> None:
 async def test_passive_failures_mark_a_replica_down(fleet: SimFleet) -> None:
     await set_faults(fleet.replicas[0].url, error_rate=1.0, error_status=500)
     cfg = gateway_config(
-        fleet, health_check=HealthCheckConfig(interval_s=30.0, passive_failure_threshold=2)
+        fleet,
+        routing=RoutingConfig(profile="round_robin"),
+        health_check=HealthCheckConfig(interval_s=30.0, passive_failure_threshold=2),
     )
     async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
         for _ in range(6):

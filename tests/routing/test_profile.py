@@ -19,20 +19,45 @@ OK_PICKER = PluginSpec("max_score")
 
 
 def test_builtin_profiles_are_valid_and_named_by_key() -> None:
-    assert {"round_robin", "least_load", "random", "default"} <= set(BUILTIN_PROFILES)
+    expected = {"round_robin", "least_load", "random", "session", "prefix", "default"}
+    assert expected <= set(BUILTIN_PROFILES)
     for key, profile in BUILTIN_PROFILES.items():
         assert profile.name == key
         validate_profile(profile)
         assert Router(profile).profile_name == key
 
 
-def test_default_profile_weights() -> None:
-    default = BUILTIN_PROFILES["default"]
-    assert [(s.type, s.weight) for s in default.scorers] == [
+def test_prefix_profile_plugins_and_weights() -> None:
+    prefix = BUILTIN_PROFILES["prefix"]
+    assert [f.type for f in prefix.filters] == ["healthy", "serves_model", "lora_affinity"]
+    assert [(s.type, s.weight) for s in prefix.scorers] == [
         ("least_inflight", 1.0),
-        ("weight", 0.2),
+        ("queue_load", 1.0),
+        ("kv_utilization", 1.0),
+        ("prefix_affinity", 2.0),
+        ("token_load", 1.0),
     ]
-    assert default.picker.type == "max_score"
+    assert prefix.picker.type == "affinity_guard"
+
+
+def test_default_is_the_prefix_profile() -> None:
+    default, prefix = BUILTIN_PROFILES["default"], BUILTIN_PROFILES["prefix"]
+    assert (default.filters, default.scorers, default.picker) == (
+        prefix.filters,
+        prefix.scorers,
+        prefix.picker,
+    )
+
+
+def test_session_profile_balances_load_behind_the_guard() -> None:
+    session = BUILTIN_PROFILES["session"]
+    assert [s.type for s in session.scorers] == [
+        "least_inflight",
+        "queue_load",
+        "kv_utilization",
+        "token_load",
+    ]
+    assert session.picker.type == "affinity_guard"
 
 
 @pytest.mark.parametrize(
@@ -40,7 +65,8 @@ def test_default_profile_weights() -> None:
     [
         (
             ProfileSpec("p", (PluginSpec("healty"),), OK_SCORERS, OK_PICKER),
-            r"profile 'p' filters\[0\]: unknown filter 'healty' \(known: healthy, serves_model\)",
+            r"profile 'p' filters\[0\]: unknown filter 'healty' "
+            r"\(known: healthy, label, lora_affinity, saturation, serves_model\)",
         ),
         (
             ProfileSpec("p", (PluginSpec("least_inflight"),), (), OK_PICKER),

@@ -23,6 +23,14 @@ def test_first_plugins_have_the_expected_kinds() -> None:
     )
     assert kinds["least_inflight"] == kinds["weight"] == "scorer"
     assert kinds["round_robin"] == kinds["random"] == kinds["max_score"] == "picker"
+    assert kinds["affinity_guard"] == "picker"
+    for name in ("saturation", "lora_affinity", "label"):
+        assert kinds[name] == "filter", name
+    for name in (
+        *("prefix_affinity", "queue_load", "kv_utilization", "token_load"),
+        *("seed_composite", "fusion", "latency_tier", "feedback_weight", "congestion"),
+    ):
+        assert kinds[name] == "scorer", name
 
 
 def test_every_plugin_builds_with_defaults_and_has_its_kind_method() -> None:

@@ -173,12 +173,22 @@ def test_least_load_sends_to_the_least_loaded_candidate() -> None:
     assert decision.scores == {"least_inflight": {"busy": 0.125, "light": 1.0}}
 
 
-def test_default_profile_prefers_load_over_weight_and_weight_on_equal_load() -> None:
+def test_default_profile_places_a_miss_by_load_and_a_hit_on_its_holder() -> None:
     router = Router(BUILTIN_PROFILES["default"])
-    big_busy = [replica("big", weight=4.0, in_flight=3), replica("small", weight=1.0)]
-    assert router.route(REQUEST, big_busy).replica.name == "small"
-    idle = [replica("big", weight=4.0), replica("small", weight=1.0)]
-    assert router.route(REQUEST, idle).replica.name == "big"
+    fleet = [replica("busy", in_flight=3), replica("idle"), replica("warm", in_flight=1)]
+    miss = router.route(REQUEST, fleet)
+    assert (miss.replica.name, miss.branch) == ("idle", "miss_by_load")
+    hit = RequestFeatures(model=MODEL, block_hashes=(1, 2, 3, 4), prefix_match={"warm": 3})
+    decision = router.route(hit, fleet)
+    assert (decision.replica.name, decision.branch) == ("warm", "prefix_hit")
+    assert decision.scores["prefix_affinity"] == {"busy": 0.0, "idle": 0.0, "warm": 0.75}
+
+
+def test_default_profile_without_cache_data_is_load_balancing() -> None:
+    router = Router(BUILTIN_PROFILES["default"])
+    fleet = [replica(n, in_flight=x) for n, x in (("a", 2), ("b", 0), ("c", 5))]
+    decisions = [router.route(REQUEST, fleet) for _ in range(5)]
+    assert {(d.replica.name, d.branch) for d in decisions} == {("b", "miss_by_load")}
 
 
 def test_round_robin_profile_rotates_without_scores() -> None:

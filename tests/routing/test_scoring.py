@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.scoring import NEUTRAL, mem_frac, settle
+from routing.scoring import NEUTRAL, load, mem_frac, relative, settle
 from tests.routing.replicas import replica
 
 
@@ -30,3 +30,33 @@ def test_settle(values: list[float | None], fresh: list[float], expected: list[f
 )
 def test_mem_frac_prefers_nvml(gpu: float | None, kv: float | None, expected: float | None) -> None:
     assert mem_frac(replica("r", gpu_mem_used_frac=gpu, kv_usage=kv)) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "unit", "expected"),
+    [
+        ([0.0], 1.0, [1.0]),
+        ([4.0, 4.0], 1.0, [1.0, 1.0]),
+        ([0.0, 1.0, 3.0], 1.0, [1.0, 0.75, 0.25]),
+        ([0.0, 100.0], 100.0, [1.0, 0.5]),
+        ([10.0, 0.0], 1000.0, [1 - 10 / 1010, 1.0]),
+    ],
+)
+def test_relative(values: list[float], unit: float, expected: list[float]) -> None:
+    assert relative(values, unit) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "running", "waiting", "expected"),
+    [
+        (5, None, None, 5.0),
+        (5, 3.0, None, 5.0),
+        (5, None, 1.0, 5.0),
+        (5, 2.0, 1.0, 5.0),  # a burst since the scrape
+        (5, 20.0, 4.0, 24.0),  # other clients' requests
+    ],
+)
+def test_load(
+    in_flight: int, running: float | None, waiting: float | None, expected: float
+) -> None:
+    assert load(replica("r", in_flight=in_flight, running=running, waiting=waiting)) == expected

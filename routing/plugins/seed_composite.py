@@ -27,7 +27,7 @@ from routing.types import ReplicaSnapshot, RequestFeatures
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """Parameters of the composite_node scorer."""
+    """Parameters of the seed_composite scorer."""
 
     optimal_batch: float = param(32.0, "batch size (running sequences) a replica runs best at")
     kv_cap: float = param(0.8, "cap of the active-KV fraction in the kv term")
@@ -43,7 +43,7 @@ class Params:
             raise ValueError("kv_cap and the term weights must be >= 0")
 
 
-class CompositeNode:
+class SeedComposite:
     """Scores 1 / (1 + composite cost)."""
 
     __slots__ = ("_p",)
@@ -69,4 +69,4 @@ class CompositeNode:
         return settle(values, replicas)
 
 
-FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, CompositeNode)
+FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, SeedComposite)

@@ -25,7 +25,7 @@ from routing.types import ReplicaSnapshot, RequestFeatures
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """Parameters of the multi_dim_fusion scorer."""
+    """Parameters of the fusion scorer."""
 
     qps_weight: float = param(0.4, "weight of the capacity (qps) term")
     mem_weight: float = param(0.35, "weight of the free-memory term")
@@ -36,7 +36,7 @@ class Params:
             raise ValueError("term weights must be >= 0")
 
 
-class MultiDimFusion:
+class Fusion:
     """Scores capacity, free memory and P99 latency fused."""
 
     __slots__ = ("_p",)
@@ -60,4 +60,4 @@ class MultiDimFusion:
         return settle(values, replicas)
 
 
-FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, MultiDimFusion)
+FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, Fusion)

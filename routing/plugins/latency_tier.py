@@ -26,7 +26,7 @@ _LATENCIES = ("ttft_p99_s", "itl_p99_s")
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """Parameters of the p99_tier scorer."""
+    """Parameters of the latency_tier scorer."""
 
     latency: str = param("ttft_p99_s", "P99 to read: ttft_p99_s or itl_p99_s")
     green_s: float = param(0.08, "P99 below this is green (score 1)")
@@ -42,7 +42,7 @@ class Params:
             raise ValueError("need 0 <= green_s < red_s")
 
 
-class P99Tier:
+class LatencyTier:
     """Scores replicas by P99 latency tier."""
 
     __slots__ = ("_itl", "_p")
@@ -67,4 +67,4 @@ class P99Tier:
         return settle([self.tier(r.itl_p99_s if itl else r.ttft_p99_s) for r in replicas], replicas)
 
 
-FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, P99Tier)
+FACTORY = PluginFactory(__name__, __doc__, "scorer", Params, LatencyTier)

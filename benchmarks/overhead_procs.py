@@ -1,0 +1,211 @@
+"""The overhead benchmark's own processes (static upstream, gateway) and per-process CPU time."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_REPO = Path(__file__).resolve().parents[1]
+_START_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 10.0
+_VERSIONED = ("uvloop", "uvicorn", "httptools", "starlette", "aiohttp", "orjson")
+
+
+class BenchProcessError(Exception):
+    """A benchmark process failed to start or exited early."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far, from /proc/<pid>/stat (clock-tick units)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    # The command name may contain spaces: fields are counted after its closing parenthesis.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: asyncio.subprocess.Process
+    log: Path
+
+    def check_alive(self) -> None:
+        if self.proc.returncode is not None:
+            raise BenchProcessError(
+                f"{self.name} exited with {self.proc.returncode}: {_tail(self.log)}"
+            )
+
+    async def stop(self) -> None:
+        if self.proc.returncode is not None:
+            return
+        self.proc.terminate()
+        try:
+            async with asyncio.timeout(_STOP_TIMEOUT_S):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def _http_status(host: str, port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
+        line = await reader.readline()
+        return int(line.split()[1]) if line.startswith(b"HTTP/1.1 ") else 0
+    finally:
+        writer.close()
+
+
+async def _wait_ready(child: _Child, host: str, port: int, path: str) -> None:
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    last = "no answer"
+    while time.monotonic() < deadline:
+        child.check_alive()
+        try:
+            async with asyncio.timeout(1.0):
+                status = await _http_status(host, port, path)
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except (OSError, TimeoutError, ValueError, IndexError) as exc:
+            last = repr(exc)
+        await asyncio.sleep(0.05)  # polling a readiness condition, under a deadline
+    raise BenchProcessError(f"{child.name} not ready on {path} ({last}): {_tail(child.log)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The running upstream and gateway: where to reach them and their process ids."""
+
+    host: str
+    upstream_port: int
+    gateway_port: int
+    upstream_pid: int
+    gateway_pid: int
+
+    def cpu_snapshot(self) -> dict[str, float]:
+        """CPU seconds so far of the gateway, the upstream and this (load generator) process."""
+        return {
+            "gateway": cpu_seconds(self.gateway_pid),
+            "upstream": cpu_seconds(self.upstream_pid),
+            "loadgen": time.process_time(),
+        }
+
+
+def _gateway_toml(host: str, port: int, upstream_url: str) -> str:
+    # Defaults everywhere else (routing profile, metrics on): the gateway as it ships.
+    return (
+        f'[server]\nhost = "{host}"\nport = {port}\ndrain_timeout_s = 2.0\n\n'
+        f'[[replicas]]\nurl = "{upstream_url}"\nname = "static"\n'
+    )
+
+
+async def _spawn(args: list[str], log: IO[bytes], stdout: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", *args, stdout=stdout, stderr=log, env=_env(), cwd=_REPO
+    )
+
+
+@contextlib.asynccontextmanager
+async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fleet]:
+    """Start the static upstream, then a gateway in front of it; stop both on exit."""
+    children: list[_Child] = []
+    with tempfile.TemporaryDirectory(prefix="llm-gw-overhead-") as tmp:
+        work = Path(tmp)
+        try:
+            up_log = work / "upstream.log"
+            with up_log.open("wb") as log:
+                args = ["benchmarks.static_upstream", "--host", host, "--port", "0"]
+                args += ["--chunks", str(chunks), "--gap-ms", str(gap_ms)]
+                proc = await _spawn(args, log, asyncio.subprocess.PIPE)
+            upstream = _Child("static upstream", proc, up_log)
+            children.append(upstream)
+            assert proc.stdout is not None
+            try:
+                async with asyncio.timeout(_START_TIMEOUT_S):
+                    line = (await proc.stdout.readline()).decode()
+                up_port = int(line.rsplit(":", 1)[1])
+            except (TimeoutError, ValueError, IndexError):
+                raise BenchProcessError(f"static upstream did not start: {_tail(up_log)}") from None
+            await _wait_ready(upstream, host, up_port, "/health")
+
+            gw_port = _free_port(host)
+            cfg = work / "gateway.toml"
+            cfg.write_text(_gateway_toml(host, gw_port, f"http://{host}:{up_port}"))
+            gw_log = work / "gateway.log"
+            with gw_log.open("wb") as log:
+                args = ["gateway.cli", "--log-level", "warning", "serve", "-c", str(cfg)]
+                proc = await _spawn(args, log, asyncio.subprocess.DEVNULL)
+            gateway = _Child("gateway", proc, gw_log)
+            children.append(gateway)
+            await _wait_ready(gateway, host, gw_port, "/ready")
+            yield Fleet(host, up_port, gw_port, upstream.proc.pid, gateway.proc.pid)
+            for child in children:
+                child.check_alive()
+        finally:
+            for child in reversed(children):
+                await child.stop()
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and software the figures were measured on."""
+    versions: dict[str, str] = {}
+    for name in _VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "loadavg_at_start": list(os.getloadavg()),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }

@@ -1,0 +1,270 @@
+"""Turn the overhead benchmark's rounds into rows, targets, results.json and report.md."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.loadgen_http import RoundResult
+
+DIRECT, GATEWAY = "direct", "gateway"
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """One round of one target in one (concurrency, stream) cell."""
+
+    target: str
+    concurrency: int
+    stream: bool
+    round: int
+    result: RoundResult
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A pass/fail goal on one figure of one row."""
+
+    name: str
+    target: str
+    concurrency: int | None
+    stream: bool
+    field: str
+    threshold: float
+    at_most: bool
+    unit: str
+
+
+TARGETS = (
+    Target("added p50, c=1, non-streamed", GATEWAY, 1, False, "added_p50_ms", 0.5, True, "ms"),
+    Target("requests/s, c=64, non-streamed", GATEWAY, 64, False, "rps", 3000.0, False, "req/s"),
+    # Any concurrency: the best streamed row is the gateway's relay capacity.
+    Target("relayed SSE chunks/s, streamed", GATEWAY, None, True, "chunks_per_s", 5e4, False, "/s"),
+)
+
+
+def _pct(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (0.0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def round_figures(m: Measured) -> dict[str, float]:
+    """The per-round figures that rows take medians of."""
+    r = m.result
+    lat = sorted(r.latencies_s)
+    n = max(r.requests, 1)
+    dur = r.duration_s
+    fig = {
+        "rps": r.requests / dur,
+        "p50_ms": _pct(lat, 0.50) * 1e3,
+        "p99_ms": _pct(lat, 0.99) * 1e3,
+        "cpu_us_per_request": r.cpu_s["gateway"] / n * 1e6,
+        "upstream_cpu_us_per_request": r.cpu_s["upstream"] / n * 1e6,
+        "loadgen_cpu_us_per_request": r.cpu_s["loadgen"] / n * 1e6,
+        "gateway_cpu_util": r.cpu_s["gateway"] / dur,
+        "upstream_cpu_util": r.cpu_s["upstream"] / dur,
+        "loadgen_cpu_util": r.cpu_s["loadgen"] / dur,
+    }
+    if m.stream:
+        fig["chunks_per_s"] = r.events / dur
+        fig["http_chunks_per_s"] = r.http_chunks / dur
+        fig["ttfc_p50_ms"] = _pct(sorted(r.ttfc_s), 0.50) * 1e3
+    return fig
+
+
+def _median(values: Sequence[float], digits: int) -> float:
+    return round(statistics.median(values), digits) if values else 0.0
+
+
+def build_rows(measured: Sequence[Measured]) -> list[dict[str, Any]]:
+    """One row per (target, concurrency, stream): medians over rounds, gateway paired to direct."""
+    cells: dict[tuple[str, int, bool], dict[int, Measured]] = {}
+    for m in measured:
+        cells.setdefault((m.target, m.concurrency, m.stream), {})[m.round] = m
+    rows: list[dict[str, Any]] = []
+    for (target, conc, stream), by_round in cells.items():
+        figs = {i: round_figures(m) for i, m in by_round.items()}
+        direct = cells.get((DIRECT, conc, stream), {})
+        dfigs = {i: round_figures(m) for i, m in direct.items()}
+        paired = [i for i in figs if i in dfigs]
+
+        def med(key: str, digits: int = 3, figs: dict[int, dict[str, float]] = figs) -> float:
+            return _median([f[key] for f in figs.values()], digits)
+
+        def added(
+            key: str,
+            figs: dict[int, dict[str, float]] = figs,
+            dfigs: dict[int, dict[str, float]] = dfigs,
+            paired: list[int] = paired,
+        ) -> float:
+            return _median([figs[i][key] - dfigs[i][key] for i in paired], 3)
+
+        ratios = [figs[i]["rps"] / dfigs[i]["rps"] for i in paired if dfigs[i]["rps"] > 0]
+        row: dict[str, Any] = {
+            "target": target,
+            "concurrency": conc,
+            "stream": stream,
+            "rounds": len(by_round),
+            "requests": sum(m.result.requests for m in by_round.values()),
+            "errors": sum(m.result.errors for m in by_round.values()),
+            "error_kinds": _merge_kinds(m.result.error_kinds for m in by_round.values()),
+            "rps": med("rps", 1),
+            "p50_ms": med("p50_ms"),
+            "p99_ms": med("p99_ms"),
+            "added_p50_ms": added("p50_ms"),
+            "added_p99_ms": added("p99_ms"),
+            "rps_ratio_vs_direct": _median(ratios, 3),
+            "cpu_us_per_request": med("cpu_us_per_request", 1),
+            "upstream_cpu_us_per_request": med("upstream_cpu_us_per_request", 1),
+            "loadgen_cpu_us_per_request": med("loadgen_cpu_us_per_request", 1),
+            "gateway_cpu_util": med("gateway_cpu_util"),
+            "upstream_cpu_util": med("upstream_cpu_util"),
+            "loadgen_cpu_util": med("loadgen_cpu_util"),
+            "chunks_per_s": med("chunks_per_s", 0) if stream else None,
+            "http_chunks_per_s": med("http_chunks_per_s", 0) if stream else None,
+            "ttfc_p50_ms": med("ttfc_p50_ms") if stream else None,
+            "added_ttfc_p50_ms": added("ttfc_p50_ms") if stream else None,
+        }
+        rows.append(row)
+    rows.sort(key=lambda r: (r["stream"], r["concurrency"], r["target"] != DIRECT))
+    return rows
+
+
+def _merge_kinds(kinds: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k in kinds:
+        for name, n in k.items():
+            out[name] = out.get(name, 0) + n
+    return out
+
+
+def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each target with its measured value and pass/fail (None when its cell was not run)."""
+    out: list[dict[str, Any]] = []
+    for t in TARGETS:
+        values = [
+            r[t.field]
+            for r in rows
+            if r["target"] == t.target
+            and r["stream"] == t.stream
+            and (t.concurrency is None or r["concurrency"] == t.concurrency)
+        ]
+        value = max(values) if values else None
+        passed = None
+        if value is not None:
+            passed = value <= t.threshold if t.at_most else value >= t.threshold
+        out.append(
+            {
+                "name": t.name,
+                "field": t.field,
+                "threshold": t.threshold,
+                "comparison": "<=" if t.at_most else ">=",
+                "unit": t.unit,
+                "value": value,
+                "passed": passed,
+            }
+        )
+    return out
+
+
+def rounds_json(measured: Sequence[Measured]) -> list[dict[str, Any]]:
+    """Every round's own figures, for anyone re-deriving the medians."""
+    return [
+        {
+            "target": m.target,
+            "concurrency": m.concurrency,
+            "stream": m.stream,
+            "round": m.round,
+            "requests": m.result.requests,
+            "errors": m.result.errors,
+            "duration_s": round(m.result.duration_s, 4),
+            **{k: round(v, 4) for k, v in round_figures(m).items()},
+        }
+        for m in measured
+    ]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+    return str(value)
+
+
+_COLUMNS = (
+    ("target", "target"),
+    ("concurrency", "c"),
+    ("stream", "stream"),
+    ("rps", "req/s"),
+    ("p50_ms", "p50 ms"),
+    ("p99_ms", "p99 ms"),
+    ("added_p50_ms", "+p50 ms"),
+    ("added_p99_ms", "+p99 ms"),
+    ("rps_ratio_vs_direct", "req/s ÷ direct"),
+    ("cpu_us_per_request", "gw CPU µs/req"),
+    ("gateway_cpu_util", "gw CPU util"),
+    ("loadgen_cpu_util", "client CPU util"),
+    ("chunks_per_s", "SSE chunks/s"),
+    ("http_chunks_per_s", "HTTP chunks/s"),
+    ("ttfc_p50_ms", "TTFC p50 ms"),
+    ("errors", "errors"),
+)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows as one Markdown table."""
+    lines = [
+        "| " + " | ".join(title for _, title in _COLUMNS) + " |",
+        "|" + "---|" * len(_COLUMNS),
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_cell(r[key]) for key, _ in _COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(results: dict[str, Any], schema_doc: str) -> str:
+    """report.md: machine, versions, parameters, the table, the targets, the schema."""
+    m = results["machine"]
+    p = results["parameters"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    parts = [
+        "# llm-gateway overhead: direct vs through the gateway",
+        "",
+        f"- Machine: {m['cpu_model']}, {m['cpus_usable']} usable CPUs, {m['platform']}, "
+        f"load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
+        f"- Software: Python {m['python']}, {versions}",
+        f"- Parameters: concurrency {', '.join(map(str, p['concurrency']))}; "
+        f"{p['rounds']} interleaved round(s) of {p['duration_s']} s per target and cell after "
+        f"{p['warmup_s']} s warm-up; {p['stream_chunks']} SSE deltas + [DONE] per stream, "
+        f"{p['stream_gap_ms']} ms apart (0 = as fast as the upstream's loop turns); "
+        "one gateway process, static upstream and load generator in their own processes.",
+        "- Figures are medians over rounds; `+` columns are medians of per-round differences "
+        "against the direct round it was interleaved with. CPU figures come from "
+        "/proc/<pid>/stat (10 ms ticks) of each process over the measuring window.",
+        "",
+        markdown_table(results["rows"]),
+        "",
+        "## Targets",
+        "",
+        "| target | goal | measured | result |",
+        "|---|---|---|---|",
+    ]
+    for t in results["targets"]:
+        verdict = {True: "pass", False: "**miss**", None: "not measured"}[t["passed"]]
+        parts.append(
+            f"| {t['name']} | {t['comparison']} {_cell(t['threshold'])} {t['unit']} "
+            f"| {_cell(t['value'])} | {verdict} |"
+        )
+    parts += ["", "## results.json", "", schema_doc.strip(), ""]
+    return "\n".join(parts)

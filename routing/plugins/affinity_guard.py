@@ -1,0 +1,101 @@
+"""Picker: stick to a replica that has the request's cache, until its load is out of line.
+
+The rule, in order (load = routing.scoring.load: in-flight, or running + waiting if larger;
+a replica passes the guard when load <= guard_ratio * mean candidate load + guard_slack):
+1. request.affinity_replica (tier 1: the replica that served this prompt or session) is a
+   candidate and passes the guard: pick it. Branch "session" when affinity_kind is
+   "session", else "prompt_cache_hit".
+2. Holders: candidates with request.prefix_match >= min_match_blocks (tier 2). Walk them
+   by longest match, then least load; the first that passes the guard wins: "prefix_hit".
+3. An affinity replica or a holder exists but all fail the guard: "load_guard".
+4. No affinity and no holder (a cache miss): "miss_by_load".
+In 3 and 4 the highest weighted total among the replicas that pass the guard wins (the
+least loaded always does); replicas over the guard are left out because their prefix score
+could otherwise outweigh the load scorers. Ties are broken at random, so misses spread
+over equally loaded replicas instead of piling onto one "emptiest" replica. The guard
+compares against the mean, so a burst of identical requests between two scrapes sticks to
+the cached replica only until its in-flight count runs ahead of the others.
+
+Params:
+    guard_ratio (float, default 1.5): load allowed relative to the mean candidate load.
+    guard_slack (float, default 2): extra requests allowed above guard_ratio * mean (an
+        idle fleet's mean is 0).
+    min_match_blocks (int, default 1): matched prefix blocks that make a replica a holder.
+    seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from routing.plugin import PluginFactory, param
+from routing.scoring import load
+from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+
+_TIE_EPSILON = 1e-9
+_AFFINITY_BRANCH: dict[str | None, str] = {"session": "session", "prompt_cache": "prompt_cache_hit"}
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Parameters of the affinity_guard picker."""
+
+    guard_ratio: float = param(1.5, "load allowed relative to the mean candidate load")
+    guard_slack: float = param(2.0, "requests allowed above guard_ratio x mean load")
+    min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
+    seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
+
+    def __post_init__(self) -> None:
+        if not (self.guard_ratio >= 1.0 and self.guard_slack >= 0.0):
+            raise ValueError("need guard_ratio >= 1 and guard_slack >= 0")
+        if self.min_match_blocks < 1:
+            raise ValueError(f"min_match_blocks must be >= 1, got {self.min_match_blocks}")
+
+
+class AffinityGuard:
+    """Affinity first, prefix holders next, load last; every pick names its branch."""
+
+    __slots__ = ("_p", "_rng")
+
+    def __init__(self, params: Params) -> None:
+        self._p = params
+        self._rng = random.Random(params.seed)
+
+    def pick(
+        self,
+        request: RequestFeatures,
+        replicas: Sequence[ReplicaSnapshot],
+        totals: Sequence[float],
+    ) -> Pick:
+        p = self._p
+        loads = [load(r) for r in replicas]
+        limit = p.guard_ratio * sum(loads) / len(loads) + p.guard_slack
+        guarded = False
+        target = request.affinity_replica
+        if target is not None:
+            i = next((i for i, r in enumerate(replicas) if r.name == target), -1)
+            if i >= 0 and loads[i] <= limit:
+                return Pick(i, _AFFINITY_BRANCH.get(request.affinity_kind, "prompt_cache_hit"))
+            guarded = i >= 0
+        match = request.prefix_match
+        if match:
+            holders = [
+                (-m, loads[i], i)
+                for i, r in enumerate(replicas)
+                if (m := match.get(r.name, 0)) >= p.min_match_blocks
+            ]
+            for _, lo, i in sorted(holders):
+                if lo <= limit:
+                    return Pick(i, "prefix_hit")
+            guarded = guarded or bool(holders)
+        # Never empty in exact arithmetic (the least loaded is at most the mean); rounding aside.
+        passing = [i for i, lo in enumerate(loads) if lo <= limit] or list(range(len(loads)))
+        floor = max(totals[i] for i in passing) - _TIE_EPSILON
+        best = [i for i in passing if totals[i] >= floor]
+        index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
+        return Pick(index, "load_guard" if guarded else "miss_by_load")
+
+
+FACTORY = PluginFactory(__name__, __doc__, "picker", Params, AffinityGuard)

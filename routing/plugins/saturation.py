@@ -1,0 +1,69 @@
+"""Filter: drop replicas at or over a load limit, so no request is sent to a full replica.
+
+A replica is kept only while it is below every configured limit (None = no limit); an
+unknown scraped value (never scraped, or stale beyond trust) does not count against it.
+If every candidate is saturated the router raises NoReplicaError, which the gateway turns
+into "queue the request" (the tier-3 admission queue) rather than overloading a replica.
+
+Params:
+    max_running (float | None, default None): vllm:num_requests_running limit.
+    max_waiting (float | None, default 16): vllm:num_requests_waiting limit.
+    max_kv_usage (float | None, default 0.95): vllm:kv_cache_usage_perc limit (0..1).
+    max_in_flight (int | None, default None): limit on this gateway's in-flight requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from routing.plugin import PluginFactory, param
+from routing.types import ReplicaSnapshot, RequestFeatures
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Parameters of the saturation filter."""
+
+    max_running: float | None = param(None, "running-request limit (None: no limit)")
+    max_waiting: float | None = param(16.0, "waiting-request limit (None: no limit)")
+    max_kv_usage: float | None = param(0.95, "KV-cache usage limit, 0..1 (None: no limit)")
+    max_in_flight: int | None = param(None, "gateway in-flight limit (None: no limit)")
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_waiting", "max_kv_usage", "max_in_flight"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
+
+
+def _under(value: float | None, limit: float | None) -> bool:
+    return limit is None or value is None or value < limit
+
+
+class Saturation:
+    """Keeps replicas below every configured limit."""
+
+    __slots__ = ("_p",)
+
+    def __init__(self, params: Params) -> None:
+        self._p = params
+
+    def saturated(self, r: ReplicaSnapshot) -> bool:
+        """Whether the replica is at or over any limit."""
+        p = self._p
+        return not (
+            _under(r.in_flight, p.max_in_flight)
+            and _under(r.waiting, p.max_waiting)
+            and _under(r.kv_usage, p.max_kv_usage)
+            and _under(r.running, p.max_running)
+        )
+
+    def filter(
+        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]
+    ) -> Sequence[ReplicaSnapshot]:
+        kept = [r for r in replicas if not self.saturated(r)]
+        return replicas if len(kept) == len(replicas) else kept
+
+
+FACTORY = PluginFactory(__name__, __doc__, "filter", Params, Saturation)

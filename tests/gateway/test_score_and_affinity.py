@@ -1,0 +1,134 @@
+"""Score loop, heartbeats and cache-aware routing against the simulated fleet."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import httpx
+
+from benchmarks.sim import SimFleet
+from gateway.config import ScoreLoopConfig
+from gateway.server import running_gateway
+from tests.gateway.conftest import MODEL, SIM, eventually, gateway_config
+
+SYSTEM = [
+    f"You are assistant number {g}. " + " ".join(f"rule-{g}-{i} applies here." for i in range(120))
+    for g in range(4)
+]
+
+
+def _chat(group: int, question: str, **extra: object) -> dict[str, object]:
+    messages = [
+        {"role": "system", "content": SYSTEM[group]},
+        {"role": "user", "content": question},
+    ]
+    return {"model": MODEL, "messages": messages, "max_tokens": 4, **extra}
+
+
+async def test_score_loop_reads_replica_metrics(gateway, fleet: SimFleet) -> None:  # type: ignore[no-untyped-def]
+    snaps = {s.name: s for s in gateway.runtime.pool.snapshots()}
+    for snap in snaps.values():
+        assert snap.cache_capacity_tokens == SIM.block_size * SIM.num_gpu_blocks
+        assert snap.kv_usage == 0.0 and snap.running == 0.0 and snap.waiting == 0.0
+        assert snap.freshness == 1.0
+    metrics = (await httpx.AsyncClient().get(gateway.url + "/metrics")).text
+    assert 'llm_gateway_replica_metrics_freshness{replica="sim-0"} 1.0' in metrics
+
+
+async def test_stale_metrics_lose_trust(fleet: SimFleet) -> None:
+    cfg = gateway_config(
+        fleet, score_loop=ScoreLoopConfig(scrape_interval_s=0.05, stale_after_s=0.1)
+    )
+    async with running_gateway(cfg) as gw:
+        sim0 = gw.runtime.pool["sim-0"]
+        assert sim0.freshness_now() == 1.0
+        await fleet.replicas[0].stop()
+        await eventually(lambda: sim0.freshness_now() == 0.0, what="sim-0 metrics stale")
+        snap = next(s for s in gw.runtime.pool.snapshots() if s.name == "sim-0")
+        assert snap.running is None and snap.kv_usage is None and snap.freshness == 0.0
+        assert sim0.scrape_errors > 0
+
+
+async def test_heartbeats(gateway) -> None:  # type: ignore[no-untyped-def]
+    async with httpx.AsyncClient(base_url=gateway.url) as c:
+        beat = {
+            "replica": "sim-1",
+            "gpu_memory_used_bytes": 60 * 2**30,
+            "gpu_memory_total_bytes": 80 * 2**30,
+            "gpu_utilization": 0.9,
+        }
+        assert (await c.post("/admin/heartbeat", json=beat)).status_code == 204
+        snap = next(s for s in gateway.runtime.pool.snapshots() if s.name == "sim-1")
+        assert snap.gpu_mem_used_frac == 0.75 and snap.gpu_util == 0.9
+        assert 'gpu_vram_used_ratio{replica="sim-1"} 0.75' in (await c.get("/metrics")).text
+        for bad, param in [
+            ({**beat, "replica": "nope"}, "replica"),
+            ({**beat, "gpu_utilization": 90}, "gpu_utilization"),
+            ({**beat, "gpu_memory_used_bytes": -1}, "gpu_memory_used_bytes"),
+        ]:
+            r = await c.post("/admin/heartbeat", json=bad)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param
+        assert (await c.post("/admin/heartbeat", content=b"{")).status_code == 400
+
+
+async def test_without_gpu_nvml_is_reported_unavailable(fleet: SimFleet) -> None:
+    from dataclasses import replace
+
+    cfg = gateway_config(fleet)
+    cfg = replace(cfg, replicas=(replace(cfg.replicas[0], gpu_indices=(0,)), cfg.replicas[1]))
+    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+        assert gw.runtime.nvml is not None and not gw.runtime.nvml.available
+        assert gw.runtime.nvml.reason
+        r = await c.post("/v1/chat/completions", json=_chat(0, "hi"))
+        assert r.status_code == 200
+
+
+async def test_repeated_prefixes_go_to_the_replica_holding_them() -> None:
+    async with (
+        SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
+        running_gateway(gateway_config(fleet)) as gw,
+        httpx.AsyncClient(base_url=gw.url) as c,
+    ):
+        cached = []
+        for q in range(4):
+            for g in range(4):
+                r = await c.post("/v1/chat/completions", json=_chat(g, f"question {q}?"))
+                assert r.status_code == 200
+                cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        # After each group's first request, every later one hits its cached prefix.
+        assert all(c > 0 for c in cached[4:]), cached
+        text = (await c.get("/metrics")).text
+        assert 'branch="prefix_hit"' in text and 'branch="miss_by_load"' in text
+
+
+async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
+    # Scrapes far apart: only the gateway's own in-flight counts can see the burst.
+    async with SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet:
+        cfg = gateway_config(fleet, score_loop=ScoreLoopConfig(scrape_interval_s=30.0))
+        async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            assert (
+                await c.post("/v1/chat/completions", json=_chat(0, "warm up"))
+            ).status_code == 200
+            long = _chat(
+                0, "tell me everything", max_tokens=100_000 // 50, ignore_eos=True, stream=True
+            )
+
+            async def hold(stop: asyncio.Event) -> None:
+                async with c.stream("POST", "/v1/chat/completions", json=long) as r:
+                    async for _ in r.aiter_raw():
+                        if stop.is_set():
+                            break
+
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(hold(stop)) for _ in range(12)]
+            await eventually(
+                lambda: sum(r.in_flight for r in gw.runtime.pool) == 12, what="burst in flight"
+            )
+            spread = Counter({r.name: r.in_flight for r in gw.runtime.pool})
+            stop.set()
+            await asyncio.gather(*tasks)
+            _, most = spread.most_common(1)[0]
+            assert most < 12, spread  # the holder took its share, the rest spilled by load
+            assert most >= 3, spread  # ...but affinity held while the holder was not loaded
+            assert 'branch="load_guard"' in (await c.get("/metrics")).text

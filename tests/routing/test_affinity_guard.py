@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from routing import (
+    BUILTIN_PROFILES,
+    PLUGINS,
+    PluginConfigError,
+    ProfileSpec,
+    ReplicaSnapshot,
+    RequestFeatures,
+    Router,
+)
+from tests.routing.replicas import MODEL, replica
+
+NAMES = ("a", "b", "c", "d")
+
+
+def _pick(
+    loads: list[int],
+    totals: list[float],
+    scraped: dict[str, tuple[float, float]] | None = None,
+    **features: Any,
+) -> tuple[str, str]:
+    """(replica, branch) the picker chooses; `scraped` gives some replicas running, waiting."""
+    reps = [replica(n, in_flight=x) for n, x in zip(NAMES, loads, strict=True)]
+    for i, r in enumerate(reps):
+        if scraped and r.name in scraped:
+            running, waiting = scraped[r.name]
+            reps[i] = dataclasses.replace(r, running=running, waiting=waiting)
+    request = RequestFeatures(model=MODEL, block_hashes=(1, 2, 3, 4), **features)
+    pick = PLUGINS["affinity_guard"].build({"seed": 0}).pick(request, reps, totals)
+    return reps[pick.index].name, pick.branch
+
+
+# Four replicas; with the default guard (1.5 x mean + 2) the limit is noted per row.
+@pytest.mark.parametrize(
+    ("loads", "totals", "features", "expected"),
+    [
+        # Tier 1 hit within the guard (mean 2, limit 5); the kind names the branch.
+        ([5, 1, 2, 0], [0, 1, 0, 0], {"affinity_replica": "a"}, ("a", "prompt_cache_hit")),
+        (
+            [5, 1, 2, 0],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "affinity_kind": "prompt_cache"},
+            ("a", "prompt_cache_hit"),
+        ),
+        (
+            [5, 1, 2, 0],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "affinity_kind": "session"},
+            ("a", "session"),
+        ),
+        # Affinity beats a longer prefix match elsewhere.
+        (
+            [1, 1, 1, 1],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "prefix_match": {"b": 4}},
+            ("a", "prompt_cache_hit"),
+        ),
+    ],
+)
+def test_affinity_branches(
+    loads: list[int], totals: list[float], features: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    assert _pick(loads, totals, **features) == expected
+
+
+@pytest.mark.parametrize(
+    ("loads", "totals", "features", "expected"),
+    [
+        ([0, 0, 0, 0], [1, 1, 0, 1], {"prefix_match": {"c": 1}}, ("c", "prefix_hit")),
+        # Longest match first; equal matches: the least loaded holder.
+        ([0, 0, 0, 0], [1, 1, 1, 1], {"prefix_match": {"b": 2, "c": 4}}, ("c", "prefix_hit")),
+        ([0, 4, 1, 0], [1, 0, 0, 1], {"prefix_match": {"b": 3, "c": 3}}, ("c", "prefix_hit")),
+        # Affinity replica over the guard (mean 4, limit 8): fall through to a holder.
+        (
+            [10, 0, 2, 4],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "affinity_kind": "session", "prefix_match": {"c": 2}},
+            ("c", "prefix_hit"),
+        ),
+        # Best holder over the guard (mean 4, limit 8), a shorter match within it.
+        ([12, 0, 4, 0], [0, 1, 0, 1], {"prefix_match": {"a": 4, "c": 1}}, ("c", "prefix_hit")),
+    ],
+)
+def test_prefix_hit_branch(
+    loads: list[int], totals: list[float], features: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    assert _pick(loads, totals, **features) == expected
+
+
+@pytest.mark.parametrize(
+    ("loads", "totals", "features", "expected"),
+    [
+        # The only holder is over the guard (mean 5, limit 9.5): best total that passes.
+        ([20, 0, 0, 0], [9, 1, 2, 0], {"prefix_match": {"a": 4}}, ("c", "load_guard")),
+        # Holders and the affinity replica all over the guard (mean 9, limit 15.5).
+        (
+            [16, 16, 4, 0],
+            [3, 3, 1, 2],
+            {"affinity_replica": "b", "prefix_match": {"a": 4, "b": 4}},
+            ("d", "load_guard"),
+        ),
+        # The load comes from vLLM when other clients fill the replica (mean 7.5, limit 13.25).
+        (
+            [0, 0, 0, 0],
+            [5, 1, 0, 0],
+            {"affinity_replica": "a", "scraped": {"a": (24.0, 6.0)}},
+            ("b", "load_guard"),
+        ),
+    ],
+)
+def test_load_guard_branch(
+    loads: list[int], totals: list[float], features: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    assert _pick(loads, totals, **features) == expected
+
+
+@pytest.mark.parametrize(
+    ("loads", "totals", "features", "expected"),
+    [
+        ([3, 0, 1, 2], [0.2, 1.0, 0.7, 0.4], {}, ("b", "miss_by_load")),
+        # Affinity to a replica that is not a candidate (filtered out, or already tried).
+        ([3, 0, 1, 2], [0.2, 1.0, 0.7, 0.4], {"affinity_replica": "zz"}, ("b", "miss_by_load")),
+        # A match below min_match_blocks (1) does not make a holder.
+        ([3, 0, 1, 2], [0.2, 1.0, 0.7, 0.4], {"prefix_match": {"a": 0}}, ("b", "miss_by_load")),
+    ],
+)
+def test_miss_by_load_branch(
+    loads: list[int], totals: list[float], features: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    assert _pick(loads, totals, **features) == expected
+
+
+def test_min_match_blocks_param() -> None:
+    reps = [replica("a"), replica("b")]
+    features = RequestFeatures(model=MODEL, prefix_match={"a": 2})
+    strict = PLUGINS["affinity_guard"].build({"min_match_blocks": 3, "seed": 0})
+    assert strict.pick(features, reps, [0.0, 1.0]).branch == "miss_by_load"
+    loose = PLUGINS["affinity_guard"].build({"min_match_blocks": 2, "seed": 0})
+    assert loose.pick(features, reps, [0.0, 1.0]).branch == "prefix_hit"
+
+
+def test_misses_on_an_idle_fleet_spread_instead_of_piling_up() -> None:
+    reps = [replica(n) for n in NAMES]
+    picker = PLUGINS["affinity_guard"].build({"seed": 3})
+    request = RequestFeatures(model=MODEL)
+    picks = [picker.pick(request, reps, [1.0] * 4) for _ in range(800)]
+    assert {p.branch for p in picks} == {"miss_by_load"}
+    counts = Counter(p.index for p in picks)
+    assert set(counts) == {0, 1, 2, 3}
+    assert all(150 <= c <= 250 for c in counts.values()), counts
+
+
+def _send(router: Router, fleet: list[ReplicaSnapshot], request: RequestFeatures) -> str:
+    """Route once and count the request on its replica, as the gateway does between scrapes."""
+    decision = router.route(request, fleet)
+    i = fleet.index(decision.replica)
+    r = fleet[i]
+    fleet[i] = dataclasses.replace(
+        r,
+        in_flight=r.in_flight + 1,
+        queued_prefill_tokens=r.queued_prefill_tokens + request.prompt_tokens,
+    )
+    return decision.branch
+
+
+def _burst(profile: ProfileSpec, count: int) -> tuple[list[str], list[int]]:
+    """Branches of `count` identical requests whose prefix "a" holds, and the loads after."""
+    # The last scrape saw an idle fleet; only the gateway's own counts move.
+    fleet = [replica(n, running=0.0, waiting=0.0, kv_usage=0.1) for n in NAMES]
+    router = Router(profile)
+    request = RequestFeatures(
+        model=MODEL, block_hashes=(1, 2, 3, 4), prefix_match={"a": 4}, prompt_tokens=900
+    )
+    branches = []
+    for _ in range(count):
+        branches.append(_send(router, fleet, request))
+        loads = [r.in_flight for r in fleet]
+        # The holder never runs more than one request past the guard.
+        assert loads[0] <= 1.5 * sum(loads) / len(loads) + 2 + 1, branches
+    return branches, [r.in_flight for r in fleet]
+
+
+@pytest.mark.parametrize("profile", ["prefix", "default"])
+def test_a_burst_between_two_scrapes_spreads_once_the_guard_trips(profile: str) -> None:
+    branches, loads = _burst(BUILTIN_PROFILES[profile], 40)
+    # "a" takes the burst while its load a <= 1.5 * a / 4 + 2 (up to 4 in flight); the 5th
+    # request trips the guard and goes by load, after which "a" gets about one in three.
+    assert branches[:5] == ["prefix_hit"] * 4 + ["load_guard"]
+    assert loads[0] == 17 and sorted(loads[1:]) == [7, 8, 8]
+    assert Counter(branches) == {"prefix_hit": 17, "load_guard": 23}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"guard_ratio": 0.9}, "guard_ratio >= 1"),
+        ({"guard_slack": -1}, "guard_slack >= 0"),
+        ({"min_match_blocks": 0}, "min_match_blocks must be >= 1"),
+    ],
+)
+def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(PluginConfigError, match=message):
+        PLUGINS["affinity_guard"].build(raw)
