@@ -44,11 +44,37 @@ class _LiveGauges(Collector):
             "1 when the replica passes health checks, else 0.",
             labels=["replica"],
         )
+        freshness = GaugeMetricFamily(
+            "llm_gateway_replica_metrics_freshness",
+            "Trust in the replica's scraped metrics: 1 fresh, 0 stale or never scraped.",
+            labels=["replica"],
+        )
+        age = GaugeMetricFamily(
+            "llm_gateway_replica_metrics_age_seconds",
+            "Seconds since the replica's last successful /metrics scrape.",
+            labels=["replica"],
+        )
+        gpu_mem = GaugeMetricFamily(
+            "gpu_vram_used_ratio",
+            "GPU memory in use on the replica (heartbeat or NVML), 0..1.",
+            labels=["replica"],
+        )
+        gpu_util = GaugeMetricFamily(
+            "gpu_utilization_ratio",
+            "GPU utilisation of the replica (heartbeat or NVML), 0..1.",
+            labels=["replica"],
+        )
         for row in self._source():
-            in_flight.add_metric([row["name"]], row["in_flight"])
-            healthy.add_metric([row["name"]], 1.0 if row["healthy"] else 0.0)
-        yield in_flight
-        yield healthy
+            name = [row["name"]]
+            in_flight.add_metric(name, row["in_flight"])
+            healthy.add_metric(name, 1.0 if row["healthy"] else 0.0)
+            freshness.add_metric(name, row["freshness"])
+            if row["metrics_age_s"] is not None:
+                age.add_metric(name, row["metrics_age_s"])
+            if row["gpu_mem_used_frac"] is not None:
+                gpu_mem.add_metric(name, row["gpu_mem_used_frac"])
+                gpu_util.add_metric(name, row["gpu_util"])
+        yield from (in_flight, healthy, freshness, age, gpu_mem, gpu_util)
 
 
 class GatewayMetrics:
