@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, TypeAlias
 
 from cache_index.errors import CacheIndexError
@@ -258,7 +259,7 @@ class PrefixIndex:
 
     Args: default_capacity: blocks assumed when a replica's cache size is unknown.
     approx_ratio: gateway blocks per vLLM block (e.g. 64-char blocks vs 16-token blocks).
-    max_blocks_per_replica / max_total_blocks: memory caps (each entry costs ~200 bytes).
+    max_blocks_per_replica / max_total_blocks: memory caps (an entry costs ~200-250 bytes).
     seed: root seed of the own chained hash (must match the gateway's request hashing).
     """
 
@@ -376,12 +377,12 @@ class PrefixIndex:
         out: dict[str, int] = {}
         if not block_hashes:
             return out
-        owners = self._owners
-        alive = owners.get(block_hashes[0], 0)
+        get = self._owners.get
+        alive = get(block_hashes[0], 0)
         depth = 1
         if alive:
-            for i in range(1, len(block_hashes)):
-                held = alive & owners.get(block_hashes[i], 0)
+            for h in islice(block_hashes, 1, None):
+                held = alive & get(h, 0)
                 if held != alive:
                     self._emit(alive & ~held, depth, out)
                     alive = held

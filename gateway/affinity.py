@@ -27,8 +27,9 @@ class Affinity:
     def __init__(self, cfg: CacheIndexConfig, is_lora: Callable[[str], bool]) -> None:
         self.cfg = cfg
         self._is_lora = is_lora
-        self.tokenizer: Tokenizer | None = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-        self.template: ChatTemplate = load_chat_template(cfg.tokenizer or None)
+        path = cfg.tokenizer if cfg.tokenizer not in ("", "builtin") else None
+        self.tokenizer: Tokenizer | None = load_tokenizer(path) if cfg.tokenizer else None
+        self.template: ChatTemplate = load_chat_template(path)
         self.prompts = PromptCache(ttl_s=cfg.prompt_cache_ttl_s, max_entries=cfg.max_prompts)
         self.sessions = SessionAffinity(ttl_s=cfg.session_ttl_s, max_entries=cfg.max_sessions)
         self.prefixes = PrefixIndex(

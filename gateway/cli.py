@@ -8,7 +8,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig, load_config
+from gateway.config import (
+    CacheIndexConfig,
+    GatewayConfig,
+    ReplicaConfig,
+    ServerConfig,
+    load_config,
+)
 from gateway.config_loader import ConfigError
 
 
@@ -55,9 +61,14 @@ async def _demo(args: argparse.Namespace) -> None:
 
     sim_cfg = SimConfig(time_scale=args.time_scale)
     async with SimFleet(sim_cfg, replicas=args.replicas, host="127.0.0.1", base_port=0) as fleet:
+        # The simulated replicas publish KV events and tokenize with the built-in tokenizer:
+        # the demo runs the precise prefix index, as a fleet with vLLM's KV events would.
         cfg = GatewayConfig(
             server=ServerConfig(host=args.host, port=args.port),
-            replicas=tuple(ReplicaConfig(url=r.url, name=r.name) for r in fleet.replicas),
+            cache_index=CacheIndexConfig(tokenizer="builtin", block_size=sim_cfg.block_size),
+            replicas=tuple(
+                ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas
+            ),
         )
         async with running_gateway(cfg, log_level=args.log_level) as gw:
             print(f"llm-gateway demo: {gw.url} -> {len(fleet.replicas)} simulated vLLM replicas")

@@ -100,6 +100,9 @@ class ReplicaConfig:
     labels: dict[str, str] = field(default_factory=dict)
     # NVML device indices of this replica, when the gateway runs on its GPU host (sidecar).
     gpu_indices: tuple[int, ...] = ()
+    # vLLM KV-cache events: "" = none (approximate prefix index), "auto" = the endpoint the
+    # replica reports on GET /kv_event_sources, else a ZMQ endpoint to connect to.
+    kv_events: str = ""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -165,8 +168,9 @@ class ScoreLoopConfig:
 class CacheIndexConfig:
     """The three-tier cache index: prompt and session affinity, per-replica prefix blocks."""
 
-    # Directory with the replicas' tokenizer.json / tokenizer_config.json; empty = no tokenizer
-    # (prefixes are hashed as fixed-size character blocks instead of token blocks).
+    # Directory with the replicas' tokenizer.json / tokenizer_config.json, or "builtin" (the
+    # simulator's tokenizer); empty = no tokenizer: prefixes are hashed as character blocks.
+    # KV events (precise mode) need the replicas' own tokenizer.
     tokenizer: str = ""
     # Token block size of the replicas (vLLM --block-size); used with a tokenizer.
     block_size: int = 16

@@ -13,6 +13,7 @@ from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
 from gateway.config_loader import ConfigError
 from gateway.gpu import Nvml
 from gateway.health import HealthChecker
+from gateway.kv_subscriber import KvEventSubscriber
 from gateway.pipeline import Pipeline
 from gateway.replicas import ReplicaPool, ReplicaState
 from gateway.score_loop import ScoreLoop
@@ -95,6 +96,10 @@ class Runtime:
         for replica in self.pool:
             self._tasks.append(tg.create_task(self._health_loop(checker, replica)))
             self._tasks.append(tg.create_task(scores.run(replica)))
+        self.kv_events = KvEventSubscriber(self.affinity.prefixes, session)
+        for replica in self.pool:
+            if replica.config.kv_events:
+                self._tasks.append(tg.create_task(self.kv_events.run(replica)))
         if self.config.score_loop.nvml == "auto" and any(r.config.gpu_indices for r in self.pool):
             self.nvml = Nvml()
             if self.nvml.available:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,8 +100,7 @@ class Engine:
         return self.scheduler.num_waiting
 
     def gauges(self) -> Gauges:
-        loras = {r.lora_name for r in self.scheduler.running if r.lora_name}
-        return Gauges(self.num_running, self.num_waiting, self.cache.usage, tuple(sorted(loras)))
+        return Gauges(self.num_running, self.num_waiting, self.cache.usage)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -196,6 +196,9 @@ class Engine:
                     await self._wake.wait()
                     deadline = loop.time()
                 continue
+            if self.config.lora_adapters:
+                # vLLM sets the gauge once per step; each label set keeps its last timestamp.
+                self.stats.lora_info[sched.lora_names()] = time.time()
             now = loop.time()
             for r in plan.admitted:
                 if r.num_preemptions == 0:

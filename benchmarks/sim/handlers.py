@@ -6,10 +6,12 @@ import asyncio
 import socket
 import struct
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from benchmarks.sim import protocol as P
 from benchmarks.sim.config import SimError
@@ -19,7 +21,7 @@ from cache_index.errors import CacheIndexError
 if TYPE_CHECKING:
     from benchmarks.sim.replica import Replica
 
-__all__ = ["REPLICA", "add_routes"]
+__all__ = ["REPLICA", "add_routes", "fastapi_errors"]
 
 REPLICA: web.AppKey[Replica] = web.AppKey("sim_replica")
 _JSON = "application/json"
@@ -45,6 +47,17 @@ def _reset(request: web.Request) -> web.Response:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         tr.abort()
     return web.Response(status=500)  # never reaches the peer: the transport is gone
+
+
+@web.middleware
+async def fastapi_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Unknown path / wrong method answered as FastAPI does: JSON {"detail": <phrase>}."""
+    try:
+        return await handler(request)
+    except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+        body = orjson.dumps({"detail": exc.reason})
+        return web.Response(body=body, status=exc.status, content_type=_JSON, headers=headers)
 
 
 def _rep(request: web.Request) -> Replica:
@@ -97,25 +110,52 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             f"tokens; the cache has {cache.num_blocks}."
         )  # fmt: skip
     lora = gen.model if gen.model != rep.served[0] else None
-    req = EngineRequest(
-        prompt_ids=ids,
-        hashes=cache.block_hashes(ids, lora, gen.cache_salt) if cache.enable_prefix_caching else [],
-        priority=gen.priority,
-        lora_name=lora,
-        request_id=rep.new_request_id(request.headers.get("X-Request-Id"), chat),
-        max_tokens=max_tokens,
-        eos_after=None if gen.ignore_eos else rep.config.eos_after_tokens,
-    )
-    rep.engine.submit(req)
+    hashes = cache.block_hashes(ids, lora, gen.cache_salt) if cache.enable_prefix_caching else []
+    request_id = rep.new_request_id(request.headers.get("X-Request-Id"), chat)
+    base = rep.vocab.offset(ids)
+    choices: list[_Choice] = []
+    for i in range(gen.n):
+        req = EngineRequest(
+            prompt_ids=ids,
+            hashes=hashes,
+            priority=gen.priority,
+            lora_name=lora,
+            lora_id=None if lora is None else rep.served.index(lora),  # 1-based, like vLLM
+            cache_salt=gen.cache_salt,
+            # vLLM forks n > 1 into child requests named "<index>_<parent id>".
+            request_id=request_id if gen.n == 1 else f"{i}_{request_id}",
+            max_tokens=max_tokens,
+            eos_after=None if gen.ignore_eos else rep.config.eos_after_tokens,
+        )
+        rep.engine.submit(req)
+        choices.append(_Choice(i, req, base + _CHOICE_STRIDE * i))
     rep.inflight += 1
     try:
         if gen.stream:
-            return await _stream(request, rep, req, gen, chat)
-        return await _unary(request, rep, req, gen, chat)
+            return await _stream(request, rep, request_id, choices, gen, chat)
+        return await _unary(request, rep, request_id, choices, gen, chat)
     finally:
         rep.inflight -= 1
-        if not req.done:
-            rep.engine.finish(req, "abort")  # client gone: free the slot and blocks now
+        for c in choices:
+            if not c.req.done:
+                rep.engine.finish(c.req, "abort")  # client gone: free the slot and blocks now
+
+
+# Offsets of sibling choices into the output vocabulary: each choice gets its own text.
+_CHOICE_STRIDE = 37
+
+
+@dataclass(slots=True)
+class _Choice:
+    """Progress of one of the n choices of a request."""
+
+    index: int
+    req: EngineRequest
+    offset: int
+    sent: int = 0
+    text: str = ""  # accumulated only when stop strings must be searched
+    finish: str | None = None
+    stop_reason: str | None = None
 
 
 def _find_stop(text: str, start: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
@@ -127,50 +167,66 @@ def _find_stop(text: str, start: int, stops: tuple[str, ...]) -> tuple[int, str]
     return best
 
 
+def _advance(rep: Replica, c: _Choice, stops: tuple[str, ...]) -> str:
+    """The text of `c` generated since the last call, cut before a stop string (ending it)."""
+    req = c.req
+    n = min(req.num_generated, req.max_tokens)
+    piece = rep.vocab.text(c.offset, c.sent, n)
+    c.sent = n
+    c.finish = req.finish_reason
+    if stops:
+        hit = _find_stop(c.text + piece, len(c.text), stops)
+        if hit is not None:
+            piece = (c.text + piece)[len(c.text) : hit[0]]
+            c.finish, c.stop_reason = "stop", hit[1]
+            rep.engine.finish(req, "stop")
+        c.text += piece
+    return piece
+
+
 async def _stream(
-    request: web.Request, rep: Replica, req: EngineRequest, gen: P.GenRequest, chat: bool
+    request: web.Request,
+    rep: Replica,
+    request_id: str,
+    choices: list[_Choice],
+    gen: P.GenRequest,
+    chat: bool,
 ) -> web.StreamResponse:
-    created = int(time.time())
-    frames = P.StreamFrames(req.request_id, created, gen.model, chat)
+    frames = P.StreamFrames(request_id, int(time.time()), gen.model, chat)
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    engine, vocab, interval = rep.engine, rep.vocab, rep.config.stream_interval
-    offset = vocab.offset(req.prompt_ids)
-    sent = 0
-    text = ""
+    engine, interval = rep.engine, rep.config.stream_interval
     stalled = False
-    pending = frames.role() if chat else b""
+    pending = b"".join(frames.role(c.index) for c in choices) if chat else b""
     while True:
-        f = rep.faults
-        want = sent + interval if sent else 1
-        if f.reset_after_tokens is not None and sent < f.reset_after_tokens:
-            want = min(want, f.reset_after_tokens)
-        await engine.wait(req, want)
-        if req.error is not None:
-            if req.error.kind == "restart":
-                _reset(request)
-                return resp
-            await resp.write(pending + P.error_event(500, str(req.error)))
-            return resp  # no [DONE]: the client must not mistake this for a complete answer
-        n = min(req.num_generated, req.max_tokens)
-        piece = vocab.text(offset, sent, n)
-        finish = req.finish_reason
-        stop_reason: str | None = None
-        if gen.stop:
-            hit = _find_stop(text + piece, len(text), gen.stop)
-            if hit is not None:
-                piece = (text + piece)[len(text) : hit[0]]
-                finish, stop_reason = "stop", hit[1]
-                engine.finish(req, "stop")
-        text += piece if gen.stop else ""
-        sent = n
-        if finish is None:
-            await resp.write(pending + frames.chunk(piece))
-        else:
-            await resp.write(pending + frames.final(piece, finish, stop_reason))
+        out: list[bytes] = [pending]
+        for c in choices:
+            if c.finish is not None:
+                continue
+            f = rep.faults
+            want = c.sent + interval if c.sent else 1
+            if f.reset_after_tokens is not None and c.sent < f.reset_after_tokens:
+                want = min(want, f.reset_after_tokens)
+            # Siblings share engine steps, so waiting on them in turn delays none of them.
+            await engine.wait(c.req, want)
+            err = c.req.error
+            if err is not None:
+                if err.kind == "restart":
+                    _reset(request)
+                    return resp
+                await resp.write(b"".join(out) + P.error_event(500, str(err)))
+                return resp  # no [DONE]: the client must not mistake this for a complete answer
+            piece = _advance(rep, c, gen.stop)
+            if c.finish is None:
+                out.append(frames.chunk(piece, c.index))
+            else:
+                out.append(frames.final(piece, c.finish, c.stop_reason, c.index))
+        await resp.write(b"".join(out))
         pending = b""
+        sent = max(c.sent for c in choices)
+        unfinished = any(c.finish is None for c in choices)
         f = rep.faults
-        if f.reset_after_tokens is not None and sent >= f.reset_after_tokens and finish is None:
+        if f.reset_after_tokens is not None and sent >= f.reset_after_tokens and unfinished:
             _reset(request)
             return resp
         if (
@@ -181,57 +237,55 @@ async def _stream(
         ):
             stalled = True
             await asyncio.sleep(f.stall_seconds)  # the fault itself: silence mid-stream
-        if finish is not None:
+        if not unfinished:
             break
     if gen.include_usage:
-        await resp.write(frames.usage(_usage(rep, req, sent)))
+        await resp.write(frames.usage(_usage(rep, choices)))
     await resp.write(P.DONE)
     await resp.write_eof()
     return resp
 
 
-def _usage(rep: Replica, req: EngineRequest, completion: int) -> dict[str, Any]:
-    cached = req.num_cached_tokens or 0
+def _usage(rep: Replica, choices: list[_Choice]) -> dict[str, Any]:
+    # The prompt is counted once: vLLM prefills it for the first child, the others hit the cache.
+    first = choices[0].req
+    cached = first.num_cached_tokens or 0
     details = cached if rep.config.enable_prompt_tokens_details else None
-    return P.usage(len(req.prompt_ids), completion, details)
+    return P.usage(len(first.prompt_ids), sum(c.sent for c in choices), details)
 
 
 async def _unary(
-    request: web.Request, rep: Replica, req: EngineRequest, gen: P.GenRequest, chat: bool
+    request: web.Request,
+    rep: Replica,
+    request_id: str,
+    choices: list[_Choice],
+    gen: P.GenRequest,
+    chat: bool,
 ) -> web.StreamResponse:
-    engine, vocab = rep.engine, rep.vocab
-    offset = vocab.offset(req.prompt_ids)
-    stop_reason: str | None = None
-    text = ""
-    sent = 0
-    while not req.done:
-        # Without stop strings there is nothing to check per token: wait for the end at once.
-        await engine.wait(req, sent + 1 if gen.stop else req.max_tokens)
+    engine = rep.engine
+    for c in choices:
+        req = c.req
+        while True:
+            # Without stop strings there is nothing to check per token: wait for the end at once.
+            await engine.wait(req, c.sent + 1 if gen.stop else req.max_tokens)
+            if req.error is not None:
+                break
+            _advance(rep, c, gen.stop)  # a sibling may have finished while we waited on another
+            if req.done:
+                break
         if req.error is not None:
-            break
-        n = min(req.num_generated, req.max_tokens)
-        if gen.stop:
-            piece = vocab.text(offset, sent, n)
-            hit = _find_stop(text + piece, len(text), gen.stop)
-            text += piece
-            if hit is not None:
-                text = text[: hit[0]]
-                stop_reason = hit[1]
-                engine.finish(req, "stop")
-                req.finish_reason = "stop"
-        sent = n
-    if req.error is not None:
-        if req.error.kind == "restart":
-            return _reset(request)
-        return _error(500, str(req.error))
-    if not gen.stop:
-        text = vocab.text(offset, 0, sent)
+            if req.error.kind == "restart":
+                return _reset(request)
+            return _error(500, str(req.error))
+        if not gen.stop:
+            c.text = rep.vocab.text(c.offset, 0, c.sent)
+    out = [P.Choice(c.index, c.text, c.finish or c.req.finish_reason or "stop", c.stop_reason)
+           for c in choices]  # fmt: skip
     body = P.chat_body if chat else P.completion_body
     return web.Response(
-        body=body(req.request_id, int(time.time()), gen.model, text, req.finish_reason or "stop",
-                  stop_reason, _usage(rep, req, sent)),
+        body=body(request_id, int(time.time()), gen.model, out, _usage(rep, choices)),
         content_type=_JSON,
-    )  # fmt: skip
+    )
 
 
 async def models(request: web.Request) -> web.Response:
@@ -293,8 +347,12 @@ async def tokenize(request: web.Request) -> web.Response:
         return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
     except (SimError, CacheIndexError) as exc:
         return _error(400, str(exc))
+    strs = None
+    if body.get("return_token_strs") is True:
+        # The Tokenizer protocol has no id -> piece lookup: a one-token decode stands in for it.
+        strs = [rep.tokenizer.decode([t]) for t in ids]
     return _json({"count": len(ids), "max_model_len": rep.config.max_model_len,
-                  "tokens": ids, "token_strs": None})  # fmt: skip
+                  "tokens": ids, "token_strs": strs})  # fmt: skip
 
 
 async def detokenize(request: web.Request) -> web.Response:

@@ -107,6 +107,9 @@ class KVCache:
         hashes: Sequence[int],
         num_tokens: int,
         lora_name: str | None = None,
+        *,
+        lora_id: int | None = None,
+        cache_salt: str | None = None,
     ) -> Allocation | None:
         """Pin the cached prefix and take new blocks for `num_tokens`; None if they don't fit."""
         hit = self.match(hashes, num_tokens)
@@ -122,7 +125,7 @@ class KVCache:
         new = self._take(need)
         blocks = hit_blocks + new
         if self.enable_prefix_caching:
-            self._store(blocks, hashes, hit, token_ids, lora_name)
+            self._store(blocks, hashes, hit, token_ids, lora_name, lora_id, cache_salt)
         return Allocation(blocks, hit * self.block_size)
 
     def grow(self, alloc: Allocation, num_tokens: int) -> bool:
@@ -195,6 +198,8 @@ class KVCache:
         hit: int,
         token_ids: Sequence[int],
         lora_name: str | None,
+        lora_id: int | None,
+        cache_salt: str | None,
     ) -> None:
         stored: list[int] = []
         bs = self.block_size
@@ -206,6 +211,13 @@ class KVCache:
             self._hash[blocks[i]] = h
             stored.append(h)
         if stored:
+            # vLLM 0.32's per-block extra keys: (lora name, cache salt on the first block only).
+            extra: list[tuple[object, ...] | None] = []
+            for i in range(hit, hit + len(stored)):
+                keys = ((lora_name,) if lora_name else ()) + (
+                    (cache_salt,) if cache_salt and i == 0 else ()
+                )
+                extra.append(keys or None)
             self._events.append(
                 BlockStored(
                     block_hashes=tuple(stored),
@@ -214,6 +226,8 @@ class KVCache:
                     block_size=bs,
                     lora_name=lora_name,
                     medium=MEDIUM_GPU,
+                    lora_id=lora_id,
+                    extra_keys=tuple(extra),
                     group_idx=0,
                     kv_cache_spec_kind="full_attention",
                 )

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Bucket edges as vLLM's v1 PrometheusStatLogger declares them.
@@ -58,6 +56,8 @@ class EngineStats:
     e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     prefill: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    # (running adapters, waiting adapters) -> Unix time that label set was last seen.
+    lora_info: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +65,6 @@ class Gauges:
     running: int
     waiting: int
     kv_usage: float
-    running_loras: tuple[str, ...] = ()
-    waiting_loras: tuple[str, ...] = ()
 
 
 def _metric(out: list[str], name: str, kind: str, help_: str) -> None:
@@ -81,7 +79,6 @@ def render(
     model: str,
     cache_info: dict[str, str],
     max_lora: int | None,
-    now: Callable[[], float] = time.time,
 ) -> bytes:
     """The /metrics body (text format 0.0.4)."""
     lb = f'model_name="{model}",engine="0"'
@@ -133,10 +130,10 @@ def render(
     out.append(f'vllm:cache_config_info{{{info},engine="0"}} 1.0')
     if max_lora is not None:
         _metric(out, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.")
-        out.append(
-            f'vllm:lora_requests_info{{max_lora="{max_lora}",'
-            f'running_lora_adapters="{",".join(gauges.running_loras)}",'
-            f'waiting_lora_adapters="{",".join(gauges.waiting_loras)}"}} {now()}'
-        )
+        for (running, waiting), stamp in stats.lora_info.items():
+            out.append(
+                f'vllm:lora_requests_info{{max_lora="{max_lora}",running_lora_adapters='
+                f'"{running}",waiting_lora_adapters="{waiting}"}} {stamp}'
+            )
     out.append("")
     return "\n".join(out).encode()

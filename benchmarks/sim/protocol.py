@@ -266,7 +266,7 @@ def completion_body(
 def chat_body(
     req_id: str, created: int, model: str, choices: list[Choice], u: dict[str, Any]
 ) -> bytes:
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "index": c.index,
             "message": {"role": "assistant", "reasoning_content": None, "content": c.text,

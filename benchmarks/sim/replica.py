@@ -94,7 +94,9 @@ class Replica:
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=64 * 1024 * 1024, middlewares=[handlers.fastapi_errors]
+        )
         app[handlers.REPLICA] = self
         handlers.add_routes(app)
         # Cancelling the handler on disconnect is what frees the engine slot at once.
@@ -143,9 +145,6 @@ class Replica:
     def metrics(self) -> bytes:
         c = self.config
         g: Gauges = self.engine.gauges()
-        if c.lora_adapters:
-            waiting = {r.lora_name for _, _, r in self.engine.scheduler._waiting if r.lora_name}
-            g = Gauges(g.running, g.waiting, g.kv_usage, g.running_loras, tuple(sorted(waiting)))
         cache_info = {
             "block_size": str(c.block_size),
             "cache_dtype": "auto",

@@ -24,6 +24,8 @@ class SchedRequest:
     hashes: list[int]
     priority: int = 0
     lora_name: str | None = None
+    lora_id: int | None = None  # vLLM's LoRARequest.lora_int_id, for KV events
+    cache_salt: str | None = None
     arrival: int = 0
     num_generated: int = 0
     num_preemptions: int = 0
@@ -67,6 +69,12 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def lora_names(self) -> tuple[str, str]:
+        """Adapters of the running and of the waiting requests, as vLLM's comma-joined labels."""
+        running = {r.lora_name for r in self.running if r.lora_name}
+        waiting = {r.lora_name for _, _, r in self._waiting if r.lora_name}
+        return ",".join(sorted(running)), ",".join(sorted(waiting))
 
     def add(self, req: SchedRequest) -> None:
         req.arrival = next(self._arrivals)
@@ -116,7 +124,14 @@ class Scheduler:
             hit = self.cache.match(head.hashes, n) * self.cache.block_size
             if admitted and prefill + n - hit > self.max_num_batched_tokens:
                 break
-            alloc = self.cache.allocate(head.prompt_ids, head.hashes, n, head.lora_name)
+            alloc = self.cache.allocate(
+                head.prompt_ids,
+                head.hashes,
+                n,
+                head.lora_name,
+                lora_id=head.lora_id,
+                cache_salt=head.cache_salt,
+            )
             if alloc is None:
                 break  # FIFO: the head waits for blocks, nobody overtakes it
             self._pop_waiting()

@@ -69,3 +69,21 @@ def test_disabled_prefix_caching_never_hits_or_emits() -> None:
     cache.free(a)
     b = _alloc(cache, [1, 2, 3, 4, 5])
     assert b is not None and b.num_cached_tokens == 0 and cache.drain_events() == []
+
+
+def test_block_stored_carries_lora_id_and_per_block_extra_keys() -> None:
+    cache = KVCache(16, 4)
+    tokens = list(range(200, 212))  # 3 blocks
+    plain = _alloc(cache, tokens)
+    assert plain is not None
+    (event,) = cache.drain_events()
+    assert isinstance(event, BlockStored)
+    assert event.lora_id is None and event.extra_keys == (None, None, None)
+    hashes = cache.block_hashes(tokens, "ad", "salt")
+    alloc = cache.allocate(tokens, hashes, len(tokens), "ad", lora_id=2, cache_salt="salt")
+    assert alloc is not None
+    (event,) = cache.drain_events()
+    assert isinstance(event, BlockStored)
+    assert event.lora_name == "ad" and event.lora_id == 2
+    # The salt is part of the first block's key only; the adapter is part of every block's.
+    assert event.extra_keys == (("ad", "salt"), ("ad",), ("ad",))

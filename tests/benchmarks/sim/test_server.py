@@ -29,7 +29,7 @@ async def test_completions_cached_tokens_and_metrics_agree() -> None:
                 data = await resp.json()
                 usages.append(data["usage"])
                 assert data["choices"][0]["finish_reason"] == "length"
-        assert usages[0]["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert usages[0]["prompt_tokens_details"] is None  # vLLM: null when nothing was cached
         cached = usages[1]["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0 and cached % CFG.block_size == 0
         async with s.get(f"{url}/metrics") as resp:
@@ -67,6 +67,46 @@ async def test_chat_stream_with_usage_and_lora_model() -> None:
         ]
 
 
+async def test_n_choices_unary_and_streamed() -> None:
+    async with SimFleet(CFG) as fleet, aiohttp.ClientSession() as s:
+        url = fleet.urls[0]
+        body = {"prompt": PROMPT, "max_tokens": 4, "n": 3, "ignore_eos": True}
+        async with s.post(f"{url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            out = await resp.json()
+        assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+        assert len({c["text"] for c in out["choices"]}) == 3  # each choice its own text
+        assert out["usage"]["completion_tokens"] == 12
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with s.post(f"{url}/v1/completions", json=body) as resp:
+            frames = await _sse(resp)
+        assert frames[-1] == b"data: [DONE]"
+        chunks = [orjson.loads(f[6:]) for f in frames[:-1]]
+        finals = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks[:-1]
+                  if c["choices"][0]["finish_reason"] is not None}  # fmt: skip
+        assert finals == {0: "length", 1: "length", 2: "length"}
+        texts = {i: "".join(c["choices"][0]["text"] for c in chunks[:-1]
+                            if c["choices"][0]["index"] == i) for i in range(3)}  # fmt: skip
+        assert texts == {c["index"]: c["text"] for c in out["choices"]}
+        assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+async def test_tokenize_strs_and_lora_info_outlive_the_request() -> None:
+    async with SimFleet(CFG) as fleet, aiohttp.ClientSession() as s:
+        url = fleet.urls[0]
+        body = {"prompt": "hello there world", "return_token_strs": True}
+        async with s.post(f"{url}/tokenize", json=body) as resp:
+            out = await resp.json()
+        assert len(out["token_strs"]) == out["count"] > 0
+        body = {"model": "lora-a", "prompt": "hi", "max_tokens": 2}
+        async with s.post(f"{url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+        # Finished now, yet vLLM keeps the series of every label set it ever set.
+        async with s.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+        assert 'running_lora_adapters="lora-a",waiting_lora_adapters=""}' in text
+
+
 async def test_stream_interval_groups_tokens_per_chunk() -> None:
     cfg = SimConfig(time_scale=20.0, stream_interval=4)
     async with SimFleet(cfg) as fleet, aiohttp.ClientSession() as s:
@@ -101,16 +141,28 @@ async def test_errors_have_vllm_bodies() -> None:
     async with SimFleet(cfg) as fleet, aiohttp.ClientSession() as s:
         url = fleet.urls[0]
         cases = [
-            (b"{nope", 400, "BadRequestError", None),
+            (b"{nope", 400, "Bad Request", None),
+            (b'{"max_tokens": 2}', 400, "Bad Request", None),
             (b'{"model":"x","prompt":"a"}', 404, "NotFoundError", "model"),
-            (orjson.dumps({"prompt": "word " * 100}), 400, "BadRequestError", None),
-            (orjson.dumps({"prompt": "a", "max_tokens": 100}), 400, "BadRequestError", None),
-        ]
+            (orjson.dumps({"prompt": "word " * 100}), 400, "BadRequestError", "input_tokens"),
+            (orjson.dumps({"prompt": "a", "max_tokens": 100}), 400, "BadRequestError",
+             "max_tokens"),
+        ]  # fmt: skip
         for raw, status, kind, param in cases:
             async with s.post(f"{url}/v1/completions", data=raw) as resp:
                 assert resp.status == status
                 err = (await resp.json())["error"]
                 assert (err["type"], err["param"], err["code"]) == (kind, param, status)
+                if param in ("input_tokens", "max_tokens"):
+                    assert f"(parameter={param}, value=" in err["message"]
+        for method, path, status, detail in (
+            ("GET", "/v1/nope", 404, "Not Found"),
+            ("GET", "/v1/completions", 405, "Method Not Allowed"),
+        ):
+            async with s.request(method, f"{url}{path}") as resp:
+                assert resp.status == status
+                assert resp.content_type == "application/json"
+                assert await resp.json() == {"detail": detail}
 
 
 async def test_kv_events_stored_cleared_and_replayed() -> None:

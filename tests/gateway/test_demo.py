@@ -1,0 +1,50 @@
+"""`llm-gateway demo` as a user runs it: a real process, a real request, a clean stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def test_demo_serves_and_stops_on_sigterm() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "demo", "--port", "0", "--replicas", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        url = None
+        deadline = time.monotonic() + 60
+        curl = None
+        while time.monotonic() < deadline and curl is None:
+            line = proc.stdout.readline()
+            assert line, "demo exited before printing its URL"
+            if line.startswith("llm-gateway demo: "):
+                url = line.split()[2]
+            if line.strip().startswith("curl ") and url:
+                curl = line
+        assert url and curl and "/v1/chat/completions" in curl
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": "sim-llama-3-8b",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 8,
+            },
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,61 @@
+"""Precise mode: the simulator's KV events over ZMQ fill the gateway's prefix index."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import httpx
+
+from benchmarks.sim import SimFleet
+from cache_index.hashing import block_hashes
+from cache_index.tokenizer import BuiltinTokenizer
+from gateway.config import CacheIndexConfig
+from gateway.server import running_gateway
+from tests.gateway.conftest import MODEL, SIM, eventually, gateway_config
+
+PROMPT = "The quarterly report covers revenue, costs and outlook. " * 40
+
+
+async def test_kv_events_fill_and_clear_the_precise_index() -> None:
+    sim = replace(SIM, kv_events=True)
+    async with SimFleet(sim, replicas=2, host="127.0.0.1", base_port=0) as fleet:
+        cfg = gateway_config(fleet, cache_index=CacheIndexConfig(tokenizer="builtin"))
+        cfg = replace(cfg, replicas=tuple(replace(r, kv_events="auto") for r in cfg.replicas))
+        async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+            index = gw.runtime.affinity.prefixes
+            subscriber = gw.runtime.kv_events
+            # ZMQ subscriptions join asynchronously: a cache reset (AllBlocksCleared) that
+            # arrives proves the subscription is live and puts each replica in precise mode.
+            for r in fleet.replicas:
+                async with httpx.AsyncClient() as admin:
+                    await admin.post(r.url + "/reset_prefix_cache")
+            await eventually(
+                lambda: (
+                    all(index.mode(r.name) == "precise" for r in fleet.replicas)
+                    if len(index.replicas()) == 2
+                    else False
+                ),
+                what="both replicas precise",
+            )
+            seen = dict(subscriber.batches)
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 200
+            hashes = block_hashes(BuiltinTokenizer().encode(PROMPT), SIM.block_size)
+            served = next(rep for rep in gw.runtime.pool if rep.requests_total == 1)
+            await eventually(lambda: subscriber.batches != seen, what="BlockStored received")
+            await eventually(
+                lambda: index.match(hashes).get(served.name, 0) == len(hashes),
+                what="every full prompt block indexed on the serving replica",
+            )
+            assert index.mode(served.name) == "precise"
+            # The same prompt goes back to the replica holding it.
+            r = await c.post("/v1/completions", json=body)
+            assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+            # A restart clears the replica's cache: its old prefixes stop attracting traffic.
+            sim_replica = next(x for x in fleet.replicas if x.name == served.name)
+            async with httpx.AsyncClient() as admin:
+                await admin.post(sim_replica.url + "/_sim/restart")
+            await eventually(
+                lambda: served.name not in index.match(hashes), what="blocks gone after restart"
+            )
