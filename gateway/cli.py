@@ -16,6 +16,7 @@ from gateway.config import (
     load_config,
 )
 from gateway.config_loader import ConfigError
+from gateway.grpc_config import GrpcConfig
 
 
 def _setup_logging(level: str) -> None:
@@ -66,12 +67,14 @@ async def _demo(args: argparse.Namespace) -> None:
         cfg = GatewayConfig(
             server=ServerConfig(host=args.host, port=args.port),
             cache_index=CacheIndexConfig(tokenizer="builtin", block_size=sim_cfg.block_size),
+            grpc=GrpcConfig(enabled=True, host=args.host, port=args.grpc_port),
             replicas=tuple(
                 ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas
             ),
         )
         async with running_gateway(cfg, log_level=args.log_level) as gw:
             print(f"llm-gateway demo: {gw.url} -> {len(fleet.replicas)} simulated vLLM replicas")
+            print(f"  gRPC (llmgateway.v1, reflection on): {args.host}:{args.grpc_port}")
             for r in fleet.replicas:
                 print(f"  {r.name}: {r.url}")
             print("Try:")
@@ -132,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
     p.add_argument("--replicas", type=int, default=4, help="number of simulated replicas")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated clock speed-up")
+    p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0 = any free port)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("sim", help="run a fleet of simulated vLLM replicas")

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config_loader import ConfigError, load_dataclass
+from gateway.grpc_config import GrpcConfig
 
 
 def _positive(name: str, value: float) -> None:
@@ -213,6 +214,7 @@ class GatewayConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     score_loop: ScoreLoopConfig = field(default_factory=ScoreLoopConfig)
     cache_index: CacheIndexConfig = field(default_factory=CacheIndexConfig)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     replicas: tuple[ReplicaConfig, ...] = ()
 

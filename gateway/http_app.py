@@ -27,6 +27,7 @@ from gateway.errors import (
     error_body,
 )
 from gateway.gpu import apply_heartbeat
+from gateway.grpc_server import GrpcFrontEnd
 from gateway.headers import client_response_headers
 from gateway.requests import Kind, ParsedRequest, parse_request
 from gateway.runtime import Runtime
@@ -107,11 +108,18 @@ class GatewayApp:
 
     @asynccontextmanager
     async def _lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        await self.runtime.start()
+        runtime = self.runtime
+        await runtime.start()
+        grpc_cfg = runtime.config.grpc
+        front = GrpcFrontEnd(runtime, grpc_cfg) if grpc_cfg.enabled else None
         try:
+            if front is not None:
+                await front.start()
             yield
         finally:
-            await self.runtime.stop()
+            if front is not None:
+                await front.stop(runtime.config.server.drain_timeout_s)
+            await runtime.stop()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

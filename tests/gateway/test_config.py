@@ -32,7 +32,15 @@ def test_example_config_loads_and_documents_every_default() -> None:
     assert cfg.replicas == (ReplicaConfig(url="http://127.0.0.1:8001", name="replica-0"),)
     # Every key of every section appears in the example (commented lines don't count).
     data = tomllib.loads(EXAMPLE.read_text())
-    for section in ("server", "upstream", "health_check", "score_loop", "cache_index", "telemetry"):
+    for section in (
+        "server",
+        "upstream",
+        "health_check",
+        "score_loop",
+        "cache_index",
+        "grpc",
+        "telemetry",
+    ):
         fields = {f.name for f in dataclasses.fields(getattr(defaults, section))}
         assert set(data[section]) == fields, section
     assert set(data["replicas"][0]) == {f.name for f in dataclasses.fields(ReplicaConfig)}

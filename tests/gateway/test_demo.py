@@ -13,7 +13,18 @@ import httpx
 
 def test_demo_serves_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "demo", "--port", "0", "--replicas", "2"],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "demo",
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--replicas",
+            "2",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
