@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
+from gateway import identity
 from gateway.errors import BadRequest
 from gateway.grpc_gen import gateway_pb2 as pb
 from gateway.requests import Kind, ParsedRequest
@@ -42,8 +42,8 @@ def request_id(metadata: Metadata, key: str = "x-request-id") -> str:
     """The client's request id when it is short and plain, else a fresh one (as over HTTP)."""
     for k, value in metadata:
         if k == key and isinstance(value, str):
-            return value if _plain(value) else uuid.uuid4().hex
-    return uuid.uuid4().hex
+            return identity.request_id(value)
+    return identity.new_request_id()
 
 
 def read_hints(metadata: Metadata) -> Hints:

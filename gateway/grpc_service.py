@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from typing import Any, NoReturn, Protocol
@@ -24,6 +23,7 @@ from gateway.grpc_status import (
     from_stream_error,
     from_upstream,
 )
+from gateway.identity import ApiKeys
 from gateway.requests import Kind, ParsedRequest, parse_request
 from gateway.runtime import Runtime
 from gateway.sse import DONE, SseError, SseParser
@@ -69,7 +69,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         self._runtime = runtime
         cfg = runtime.config.server
         self._rid_key = cfg.request_id_header.lower()
-        self._keys = frozenset(hashlib.sha256(k.encode()).digest() for k in cfg.api_keys)
+        self._keys = ApiKeys(cfg.api_keys)
 
     async def Complete(self, request: pb.CompletionRequest, context: Context) -> Any:
         return await self._call("completions", request, context, stream=False)
@@ -94,18 +94,13 @@ class InferenceService(pb_grpc.InferenceServicer):
         return convert.model_list(self._runtime.pool.model_cards())
 
     def _authorize(self, metadata: convert.Metadata) -> None:
-        if not self._keys:
+        if not self._keys.enabled:
             return
-        for key, value in metadata:
-            # Hash lookup, as over HTTP: no timing signal about how much of a key matched.
-            if (
-                key == "authorization"
-                and isinstance(value, str)
-                and value[:7].lower() == "bearer "
-                and hashlib.sha256(value[7:].strip().encode()).digest() in self._keys
-            ):
-                return
-        raise Unauthorized("Invalid or missing API key.")
+        if not any(
+            key == "authorization" and isinstance(value, str) and self._keys.accepts(value)
+            for key, value in metadata
+        ):
+            raise Unauthorized("Invalid or missing API key.")
 
     async def _call(
         self, kind: Kind, request: convert.Request, context: Context, stream: bool

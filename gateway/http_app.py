@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,6 +27,7 @@ from gateway.errors import (
 from gateway.gpu import apply_heartbeat
 from gateway.grpc_server import GrpcFrontEnd
 from gateway.headers import client_response_headers
+from gateway.identity import ApiKeys, new_request_id, request_id
 from gateway.requests import Kind, ParsedRequest, parse_request
 from gateway.runtime import Runtime
 from gateway.upstream import Exchange, StreamBroken
@@ -39,8 +38,6 @@ log = logging.getLogger("llm_gateway.http")
 
 _JSON = (b"content-type", b"application/json")
 _HOT_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-# Client-chosen request ids are echoed into logs and upstream headers: keep them short and plain.
-_MAX_REQUEST_ID = 128
 
 
 class _ClientGone(Exception):
@@ -74,11 +71,8 @@ async def _send_error(send: Send, err: GatewayError, request_id: str) -> None:
 def _request_id(headers: list[tuple[bytes, bytes]], header: bytes) -> str:
     for k, v in headers:
         if k == header:
-            rid = v.decode("latin-1")
-            if 0 < len(rid) <= _MAX_REQUEST_ID and rid.isprintable() and " " not in rid:
-                return rid
-            break
-    return uuid.uuid4().hex
+            return request_id(v.decode("latin-1"))
+    return new_request_id()
 
 
 class GatewayApp:
@@ -90,7 +84,7 @@ class GatewayApp:
         self._limit = cfg.max_body_bytes
         self._receive_timeout = cfg.request_receive_timeout_s
         self._rid_header = cfg.request_id_header.lower().encode()
-        self._keys = frozenset(hashlib.sha256(k.encode()).digest() for k in cfg.api_keys)
+        self._keys = ApiKeys(cfg.api_keys)
         routes = [
             Route("/health", self._health, methods=["GET"]),
             Route("/ready", self._ready, methods=["GET"]),
@@ -132,17 +126,10 @@ class GatewayApp:
     # --- the hot path -------------------------------------------------------------------
 
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
-        if not self._keys:
+        if not self._keys.enabled:
             return
-        for k, v in headers:
-            # Hash lookup: no timing signal about how much of a key matched.
-            if (
-                k == b"authorization"
-                and v[:7].lower() == b"bearer "
-                and hashlib.sha256(v[7:].strip()).digest() in self._keys
-            ):
-                return
-        raise Unauthorized("Invalid or missing API key.")
+        if not any(k == b"authorization" and self._keys.accepts(v) for k, v in headers):
+            raise Unauthorized("Invalid or missing API key.")
 
     async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
         for k, v in headers:
