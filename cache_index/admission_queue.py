@@ -108,8 +108,14 @@ class AdmissionQueue:
         """The bucket name for a prompt of `tokens` tokens (limits are inclusive)."""
         return self.names[self._index(tokens)]
 
-    def push(self, item_id: str, model: str, tokens: int, now: float) -> Ticket:
-        """Queue a request; raises QueueFull when its (model, bucket) queue is full."""
+    def push(
+        self, item_id: str, model: str, tokens: int, now: float, since: float | None = None
+    ) -> Ticket:
+        """Queue a request; raises QueueFull when its (model, bucket) queue is full.
+
+        `since`: when the request first queued, for one woken but sent back again (it keeps
+        its age and deadline).
+        """
         if item_id in self._live:
             raise CacheIndexError(f"ticket {item_id!r} is already queued")
         b = self._index(tokens)
@@ -120,8 +126,9 @@ class AdmissionQueue:
             # A (re)joining bucket pays one stride first: no credit banked while idle, and a
             # long bucket does not win the first dispatch just because every pass starts equal.
             self._pass[b] = max(self._pass[b], self._vtime + self._stride[b])
-        deadline = now + self.max_wait_s
-        ticket = Ticket(item_id, model, self.names[b], tokens, now, deadline, self._order)
+        start = now if since is None else since
+        deadline = start + self.max_wait_s
+        ticket = Ticket(item_id, model, self.names[b], tokens, start, deadline, self._order)
         self._order += 1
         self._queues.setdefault(key, deque()).append(ticket)
         self._depth[key] = self._depth.get(key, 0) + 1
@@ -199,6 +206,10 @@ class AdmissionQueue:
             live = self._live
             self._queues[key] = deque(t for t in queue if live.get(t.item_id) is t)
         return True
+
+    def waiting_for(self, model: str) -> int:
+        """Tickets of `model` waiting, all buckets together."""
+        return sum(d for (m, _), d in self._depth.items() if m == model)
 
     def depth(self) -> dict[tuple[str, str], int]:
         """Waiting tickets per (model, bucket name), zeros included for every model seen."""

@@ -198,6 +198,31 @@ class CacheIndexConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Tier 3: per-bucket admission queues used while every eligible replica is saturated.
+
+    A replica is saturated by the `saturation` filter of the routing profile (the default
+    profile has it); without that filter nothing is ever queued.
+    """
+
+    enabled: bool = True
+    # Upper prompt-token limits of the buckets (a last unbounded bucket is added).
+    buckets: tuple[int, ...] = (128, 512)
+    max_depth: int = 1024
+    max_wait_s: float = 30.0
+    # Dispatch share of the longer bucket while both are backlogged (no starvation).
+    long_share: float = 0.2
+
+    def __post_init__(self) -> None:
+        _positive("max_depth", self.max_depth)
+        _positive("max_wait_s", self.max_wait_s)
+        if not 0 < self.long_share <= 0.5:
+            raise ValueError(f"long_share must be in (0, 0.5], got {self.long_share}")
+        if any(b <= 0 for b in self.buckets) or list(self.buckets) != sorted(set(self.buckets)):
+            raise ValueError(f"buckets must be positive and increasing, got {self.buckets}")
+
+
+@dataclass(frozen=True, slots=True)
 class TelemetryConfig:
     """Prometheus metrics."""
 
@@ -214,6 +239,7 @@ class GatewayConfig:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     score_loop: ScoreLoopConfig = field(default_factory=ScoreLoopConfig)
     cache_index: CacheIndexConfig = field(default_factory=CacheIndexConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     replicas: tuple[ReplicaConfig, ...] = ()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import aiohttp
 
+from gateway.admission import Admission, RateLimited
 from gateway.affinity import Affinity
 from gateway.config import GatewayConfig
 from gateway.errors import (
@@ -22,12 +24,14 @@ from gateway.replicas import Lease, ReplicaPool
 from gateway.requests import ParsedRequest
 from gateway.upstream import Exchange
 from routing.router import Router
-from routing.types import Decision, NoReplicaError
+from routing.types import Decision, NoReplicaError, RequestFeatures
 from telemetry.metrics import GatewayMetrics
 
 log = logging.getLogger("llm_gateway.pipeline")
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Branch label of a request that waited in the admission queue before being routed.
+QUEUED = "queued"
 # An error body from a failing replica is read only to be logged, and only this much of it.
 _ERROR_BODY_LOG_LIMIT = 512
 
@@ -52,8 +56,10 @@ class Pipeline:
         session: aiohttp.ClientSession,
         metrics: GatewayMetrics,
         affinity: Affinity,
+        admission: Admission | None,
     ) -> None:
         self._affinity = affinity
+        self._admission = admission
         self._cfg = config.upstream
         self._passive_threshold = config.health_check.passive_failure_threshold
         self._pool = pool
@@ -75,14 +81,29 @@ class Pipeline:
         self, req: ParsedRequest, client_headers: list[tuple[bytes, bytes]], started: float
     ) -> Exchange:
         """Return an exchange holding the first upstream byte, or raise a client-safe error."""
+        try:
+            return await self._open(req, client_headers, started)
+        except GatewayError as err:
+            # Refused requests count too; an unknown model name must not mint a label.
+            model = req.model if req.model in self._pool.known_models() else "_unknown"
+            branch = QUEUED if isinstance(err, RateLimited) else "none"
+            self._metrics.request_done(model, "", err.status, branch, time.perf_counter() - started)
+            raise
+
+    async def _open(
+        self, req: ParsedRequest, client_headers: list[tuple[bytes, bytes]], started: float
+    ) -> Exchange:
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
         features = self._affinity.features(req, client_headers)
         tried: list[str] = []
         last: GatewayError | None = None
-        for _ in range(1 + self._cfg.max_retries):
+        for attempt in range(1 + self._cfg.max_retries):
             try:
-                decision = self._router.route(features, self._pool.snapshots(), tried)
+                if attempt == 0:
+                    decision = await self._first_route(features)
+                else:
+                    decision = self._router.route(features, self._pool.snapshots(), tried)
             except NoReplicaError as exc:
                 if last is not None:
                     raise last from None
@@ -101,7 +122,7 @@ class Pipeline:
                     self._affinity.record(features, name)
                 return exchange
             except _Retryable as failure:
-                lease.release(False, self._passive_threshold)
+                self._release(lease, False)
                 log.warning(
                     "request %s: replica %s failed before first byte (%s)",
                     req.request_id,
@@ -113,12 +134,27 @@ class Pipeline:
                 last = failure.client_error
             except BaseException:
                 # Client gone or server stopping: not the replica's fault.
-                lease.release(True, self._passive_threshold)
+                self._release(lease, True)
                 raise
             finally:
                 replica.queued_prefill_tokens -= features.prompt_tokens
         assert last is not None
         raise last
+
+    async def _first_route(self, features: RequestFeatures) -> Decision:
+        """Route, or wait in the admission queue while every replica is saturated."""
+        pool, router = self._pool, self._router
+        if self._admission is None:
+            return router.route(features, pool.snapshots())
+        decision, waited = await self._admission.admit(
+            features, lambda: router.route(features, pool.snapshots())
+        )
+        return replace(decision, branch=QUEUED) if waited else decision
+
+    def _release(self, lease: Lease, ok: bool) -> None:
+        lease.release(ok, self._passive_threshold)
+        if self._admission is not None:
+            self._admission.notify()
 
     async def _attempt(
         self,
@@ -192,7 +228,7 @@ class Pipeline:
     def finish(self, req: ParsedRequest, exchange: Exchange, status: int, ok: bool) -> None:
         """Close the upstream side and feed the outcome back: exactly once per exchange."""
         exchange.close()
-        exchange.lease.release(ok, self._passive_threshold)
+        self._release(exchange.lease, ok)
         self._metrics.request_done(
             req.model,
             exchange.lease.replica.name,

@@ -82,10 +82,14 @@ class ReplicaState:
                 m.block_size * m.num_gpu_blocks if m.block_size and m.num_gpu_blocks else None
             )
         if m is not None and fresh > 0.0:
-            waiting, kv = m.waiting, m.kv_usage
-            if m.running is not None:
-                # Bursts between scrapes: what the gateway itself sent since counts at once.
-                running = max(0.0, m.running + self.in_flight - self.in_flight_at_scrape)
+            running, waiting, kv = m.running, m.waiting, m.kv_usage
+            # Bursts between scrapes: what the gateway itself sent since counts at once. New
+            # arrivals queue in vLLM until its next step; departures free running slots.
+            delta = self.in_flight - self.in_flight_at_scrape
+            if delta > 0 and waiting is not None:
+                waiting += delta
+            elif delta < 0 and running is not None:
+                running = max(0.0, running + delta)
         return ReplicaSnapshot(
             name=self.config.name,
             url=self.config.url,

@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 
+from gateway.admission import Admission
 from gateway.affinity import Affinity
 from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
 from gateway.config_loader import ConfigError
@@ -67,7 +68,10 @@ class Runtime:
         )
         self.nvml: Nvml | None = None
         self.affinity = Affinity(config.cache_index, self.pool.is_lora)
-        self.metrics = GatewayMetrics(self.pool.live_rows)
+        self.admission = Admission(config.admission) if config.admission.enabled else None
+        self.metrics = GatewayMetrics(
+            self.pool.live_rows, self.admission.queue.depth if self.admission else dict
+        )
         self.draining = False
         self._stack = AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
@@ -83,10 +87,21 @@ class Runtime:
         session = make_session(self.config.upstream)
         self._session = session
         self._pipeline = Pipeline(
-            self.config, self.pool, self.router, session, self.metrics, self.affinity
+            self.config,
+            self.pool,
+            self.router,
+            session,
+            self.metrics,
+            self.affinity,
+            self.admission,
         )
         checker = HealthChecker(self.config.health_check, session)
-        scores = ScoreLoop(self.config.score_loop, session, self.affinity.prefixes.set_capacity)
+        scores = ScoreLoop(
+            self.config.score_loop,
+            session,
+            self.affinity.prefixes.set_capacity,
+            self.admission.notify if self.admission is not None else lambda: None,
+        )
         # One probe and scrape round before serving: a healthy fleet is routable, with load
         # figures, from the first request.
         await asyncio.gather(*(checker.probe(r) for r in self.pool))

@@ -25,7 +25,10 @@ class ScoreLoop:
         cfg: ScoreLoopConfig,
         session: aiohttp.ClientSession,
         on_capacity: Callable[[str, int], None],
+        on_scrape: Callable[[], None] = lambda: None,
     ) -> None:
+        # Each fresh view of a replica may show room for a request the admission queue holds.
+        self._on_scrape = on_scrape
         self._cfg = cfg
         # Told each replica's KV capacity in blocks (vllm:cache_config_info) when it changes.
         self._on_capacity = on_capacity
@@ -49,6 +52,7 @@ class ScoreLoop:
         now = time.monotonic()
         metrics = parse_vllm_metrics(text)
         self._apply(replica, metrics, now)
+        self._on_scrape()
         return True
 
     def _apply(self, replica: ReplicaState, m: VllmMetrics, now: float) -> None:

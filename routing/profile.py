@@ -86,7 +86,8 @@ def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = P
 
 
 _ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
-_AFFINITY_FILTERS = (*_ELIGIBLE, PluginSpec("lora_affinity"))
+# Saturated replicas take no new requests: they wait in the gateway's admission queue instead.
+_AFFINITY_FILTERS = (*_ELIGIBLE, PluginSpec("saturation"), PluginSpec("lora_affinity"))
 _LOAD_SCORERS = (
     PluginSpec("least_inflight", 1.0),
     PluginSpec("queue_load", 1.0),

@@ -58,7 +58,9 @@ class Router:
         for name, filt in self._filters:
             candidates = filt.filter(request, candidates)
             if not candidates:
-                raise NoReplicaError(request.model, f"filter {name!r} removed every replica")
+                raise NoReplicaError(
+                    request.model, f"filter {name!r} removed every replica", filter_name=name
+                )
 
         n = len(candidates)
         totals = [0.0] * n

@@ -14,10 +14,12 @@ class RoutingError(Exception):
 class NoReplicaError(RoutingError):
     """No replica survived the filters for this request."""
 
-    def __init__(self, model: str, reason: str) -> None:
+    def __init__(self, model: str, reason: str, filter_name: str | None = None) -> None:
         super().__init__(f"no replica for model {model!r}: {reason}")
         self.model = model
         self.reason = reason
+        # The filter that removed the last candidates ("saturation" means: queue, don't fail).
+        self.filter_name = filter_name
 
 
 class PluginConfigError(RoutingError):

@@ -30,8 +30,13 @@ _LATENCY_BUCKETS = (
 class _LiveGauges(Collector):
     """Gauges read from live gateway state at scrape time, so the hot path never updates them."""
 
-    def __init__(self, source: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+    def __init__(
+        self,
+        source: Callable[[], Iterable[Mapping[str, Any]]],
+        queue_depth: Callable[[], Mapping[tuple[str, str], int]],
+    ) -> None:
         self._source = source
+        self._queue_depth = queue_depth
 
     def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
@@ -74,13 +79,24 @@ class _LiveGauges(Collector):
             if row["gpu_mem_used_frac"] is not None:
                 gpu_mem.add_metric(name, row["gpu_mem_used_frac"])
                 gpu_util.add_metric(name, row["gpu_util"])
-        yield from (in_flight, healthy, freshness, age, gpu_mem, gpu_util)
+        queue = GaugeMetricFamily(
+            "llm_request_queue_depth",
+            "Requests waiting in the admission queue for a saturated fleet, by model and bucket.",
+            labels=["model", "bucket"],
+        )
+        for (model, bucket), depth in self._queue_depth().items():
+            queue.add_metric([model, bucket], depth)
+        yield from (in_flight, healthy, freshness, age, gpu_mem, gpu_util, queue)
 
 
 class GatewayMetrics:
     """Counters and histograms of one gateway process (own registry: tests run several)."""
 
-    def __init__(self, replica_state: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+    def __init__(
+        self,
+        replica_state: Callable[[], Iterable[Mapping[str, Any]]],
+        queue_depth: Callable[[], Mapping[tuple[str, str], int]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "llm_gateway_requests",
@@ -114,7 +130,7 @@ class GatewayMetrics:
             ["model", "replica"],
             registry=self.registry,
         )
-        self.registry.register(_LiveGauges(replica_state))
+        self.registry.register(_LiveGauges(replica_state, queue_depth))
         # prometheus_client's .labels() costs microseconds; cache children per label tuple.
         self._children: dict[tuple[Any, ...], Any] = {}
 

@@ -29,7 +29,12 @@ def test_builtin_profiles_are_valid_and_named_by_key() -> None:
 
 def test_prefix_profile_plugins_and_weights() -> None:
     prefix = BUILTIN_PROFILES["prefix"]
-    assert [f.type for f in prefix.filters] == ["healthy", "serves_model", "lora_affinity"]
+    assert [f.type for f in prefix.filters] == [
+        "healthy",
+        "serves_model",
+        "saturation",
+        "lora_affinity",
+    ]
     assert [(s.type, s.weight) for s in prefix.scorers] == [
         ("least_inflight", 1.0),
         ("queue_load", 1.0),

@@ -1,0 +1,111 @@
+"""Tier 3 in the request path: wait in per-bucket queues while every replica is saturated."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+
+from cache_index.admission_queue import AdmissionQueue, QueueFull
+from gateway.config import AdmissionConfig
+from gateway.errors import GatewayError
+from routing.types import Decision, NoReplicaError, RequestFeatures
+
+SATURATION = "saturation"
+
+
+class RateLimited(GatewayError):
+    """The admission queue is full, or the wait passed its deadline: 429 with Retry-After."""
+
+    status = 429
+
+
+class Admission:
+    """Parks requests that only saturated replicas could take; wakes them as capacity frees.
+
+    Wake-ups come from every finished request and every metrics scrape. A woken request that
+    routes successfully wakes the next one, so a freed batch drains at once; one that finds
+    every replica still saturated goes back in line, keeping its age and deadline.
+    """
+
+    def __init__(self, cfg: AdmissionConfig) -> None:
+        self.queue = AdmissionQueue(
+            buckets=cfg.buckets,
+            max_depth=cfg.max_depth,
+            max_wait_s=cfg.max_wait_s,
+            long_share=cfg.long_share,
+        )
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self.admitted_after_wait = 0
+        self.rejected_full = 0
+        self.rejected_timeout = 0
+
+    def waiting(self, model: str) -> bool:
+        return self.queue.waiting_for(model) > 0
+
+    def notify(self) -> None:
+        """Capacity may have freed: wake the next request in dispatch order."""
+        now = time.monotonic()
+        while True:
+            ticket = self.queue.pop(now)
+            if ticket is None:
+                return
+            waiter = self._waiters.pop(ticket.item_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _limited(self, message: str) -> RateLimited:
+        retry = math.ceil(self.queue.retry_after_s(time.monotonic()))
+        return RateLimited(message, retry_after_s=retry)
+
+    async def admit(
+        self, features: RequestFeatures, route: Callable[[], Decision]
+    ) -> tuple[Decision, bool]:
+        """Route now, or queue until a replica has room; returns (decision, waited)."""
+        model = features.model
+        # Nobody jumps the line: with requests of this model already waiting, queue behind them.
+        if not self.waiting(model):
+            try:
+                return route(), False
+            except NoReplicaError as exc:
+                if exc.filter_name != SATURATION:
+                    raise
+        item = features.request_id or f"req-{id(features)}"
+        since = time.monotonic()
+        deadline = since + self.queue.max_wait_s
+        loop = asyncio.get_running_loop()
+        while True:
+            now = time.monotonic()
+            try:
+                self.queue.push(item, model, features.prompt_tokens, now, since=since)
+            except QueueFull as full:
+                self.rejected_full += 1
+                raise RateLimited(
+                    "Too many requests are waiting for this model; retry later.",
+                    retry_after_s=math.ceil(full.retry_after_s),
+                ) from None
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters[item] = waiter
+            try:
+                async with asyncio.timeout(max(0.0, deadline - now)):
+                    await waiter
+            except TimeoutError:
+                self.rejected_timeout += 1
+                raise self._limited(
+                    "Every replica serving this model stayed saturated; retry later."
+                ) from None
+            finally:
+                # Gone for good (timeout, client left) or woken: either way not waiting now.
+                self._waiters.pop(item, None)
+                self.queue.remove(item)
+            try:
+                decision = route()
+            except NoReplicaError as exc:
+                if exc.filter_name != SATURATION:
+                    raise
+                continue
+            self.admitted_after_wait += 1
+            self.notify()  # the next in line may fit too
+            return decision, True
