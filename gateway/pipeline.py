@@ -95,7 +95,7 @@ class Pipeline:
     ) -> Exchange:
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
-        features = self._affinity.features(req, client_headers)
+        features = await self._affinity.features_off_loop(req, client_headers)
         tried: list[str] = []
         last: GatewayError | None = None
         for attempt in range(1 + self._cfg.max_retries):

@@ -1,0 +1,76 @@
+"""The gateway's use of the cache index: hashing the templated prompt, tiers, thread offload."""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+
+from cache_index.hashing import block_hashes
+from cache_index.tokenizer import BuiltinTokenizer
+from gateway.affinity import Affinity
+from gateway.config import CacheIndexConfig
+from gateway.requests import parse_request
+
+
+def _affinity(tokenizer: str = "builtin") -> Affinity:
+    return Affinity(CacheIndexConfig(tokenizer=tokenizer), is_lora=lambda m: m == "lora-a")
+
+
+def _completion(prompt: str, model: str = "m") -> bytes:
+    return orjson.dumps({"model": model, "prompt": prompt, "max_tokens": 1})
+
+
+def test_token_blocks_match_the_replicas_tokenizer() -> None:
+    prompt = "word " * 100
+    f = _affinity().features(parse_request("completions", _completion(prompt), "r1"), [])
+    assert f.block_hashes == tuple(block_hashes(BuiltinTokenizer().encode(prompt), 16))
+    assert f.prompt_tokens == len(BuiltinTokenizer().encode(prompt))
+    lora = _affinity().features(
+        parse_request("completions", _completion(prompt, "lora-a"), "r"), []
+    )
+    assert lora.block_hashes[0] != f.block_hashes[0]  # adapters cache apart from the base model
+
+
+def test_whole_templated_chat_is_hashed() -> None:
+    def chat(system: str) -> bytes:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+        return orjson.dumps({"model": "m", "messages": messages})
+
+    a = _affinity("").features(parse_request("chat", chat("rules A " * 40), "r"), [])
+    b = _affinity("").features(parse_request("chat", chat("rules B " * 40), "r"), [])
+    assert a.prompt_hash != b.prompt_hash and a.block_hashes[0] != b.block_hashes[0]
+
+
+def test_tiers_answer_after_record() -> None:
+    aff = _affinity()
+    req = parse_request("completions", _completion("same prompt " * 20), "r1")
+    headers = [(b"x-session-id", b"s-1")]
+    first = aff.features(req, headers)
+    assert first.affinity_replica is None and first.session == "s-1"
+    aff.record(first, "rep-2")
+    again = aff.features(req, headers)
+    assert (again.affinity_replica, again.affinity_kind) == ("rep-2", "prompt_cache")
+    assert again.prefix_match == {"rep-2": len(first.block_hashes)}
+    other = aff.features(parse_request("completions", _completion("other"), "r2"), headers)
+    assert (other.affinity_replica, other.affinity_kind) == ("rep-2", "session")
+    aff.forget_replica("rep-2")
+    assert aff.features(req, headers).affinity_replica is None
+
+
+@pytest.mark.parametrize("words", [10, 5000])
+async def test_long_prompts_are_tokenized_off_the_loop(words: int) -> None:
+    aff = _affinity()
+    threads: set[str] = set()
+    digest = aff.digest
+
+    def spy(req):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        return digest(req)
+
+    aff.digest = spy  # type: ignore[method-assign]
+    req = parse_request("completions", _completion("token " * words), "r")
+    got = await aff.features_off_loop(req, [])
+    assert (threads == {threading.main_thread().name}) == (words < 4096)
+    assert got == aff.features(req, [])
