@@ -1,27 +1,37 @@
 """`llm-gateway bench overhead`: the gateway's own cost against a direct connection.
 
-Three processes: a static vLLM-shaped upstream (benchmarks.static_upstream), one gateway
-(`llm-gateway serve`, uvloop, default routing and metrics), and this process as a closed-loop raw
-HTTP/1.1 load generator (benchmarks.loadgen_http). For each (concurrency, streamed) cell it runs a
-warm-up, then interleaved rounds A (direct to the upstream) and B (through the gateway), each with
-fresh keep-alive connections, and reports medians over rounds.
+Processes: a static vLLM-shaped upstream (benchmarks.static_upstream), one gateway (`llm-gateway
+serve`, uvloop, default routing and metrics, gRPC front end on), this process as a closed-loop raw
+HTTP/1.1 load generator (benchmarks.loadgen_http), and grpc.aio client workers
+(benchmarks.loadgen_grpc). For each (concurrency, streamed) cell it runs a warm-up, then
+interleaved rounds A (direct to the upstream over HTTP), B (through the gateway over HTTP) and C
+(through the gateway over gRPC: Chat, or StreamChat when streamed, with the same request), each
+with fresh connections, and reports medians over rounds. The upstream speaks only HTTP, so the
+gRPC rows' baseline is the direct HTTP round: their `added_*` figures include the protocol change.
 
 results.json schema:
 - `machine`: cpu_model, cpu_count, cpus_usable, loadavg_at_start, platform, python, versions.
-- `parameters`: out, concurrency, rounds, duration_s, warmup_s, stream_chunks, stream_gap_ms.
+- `parameters`: out, concurrency, rounds, duration_s, warmup_s, stream_chunks, stream_gap_ms,
+  grpc_clients (gRPC client processes), grpc_channels (channels, i.e. HTTP/2 connections, over
+  all of them; never more than the concurrency).
 - `rows`: one per (target, concurrency, stream), medians over rounds:
-  - `target` "direct" | "gateway"; `concurrency` (connections, one request in flight each);
-    `stream` (SSE answer); `rounds`; `requests` (completed in the windows) and `errors`
-    (any non-200, broken stream or lost connection), `error_kinds`;
+  - `target` "direct" | "gateway" (HTTP) | "gateway-grpc"; `concurrency` (requests in flight:
+    HTTP connections with one each, or gRPC calls spread over the channels); `stream` (SSE
+    answer, or StreamChat); `rounds`; `requests` (completed in the windows) and `errors` (any
+    non-200 or non-OK status, broken stream or lost connection), `error_kinds`;
   - `rps`; `p50_ms`, `p99_ms`: latency from sending the request to its last byte;
   - `added_p50_ms`, `added_p99_ms`, `rps_ratio_vs_direct`: median over rounds of the gateway
-    round minus (divided by) the direct round it was interleaved with (0 and 1 on direct rows);
+    round minus (divided by) the direct HTTP round it was interleaved with (0 and 1 on direct
+    rows);
   - `cpu_us_per_request`: gateway process CPU per request (on direct rows: the idle gateway's
-    health checks, ~0); `upstream_cpu_us_per_request`, `loadgen_cpu_us_per_request`;
+    health checks, ~0); `upstream_cpu_us_per_request`, `loadgen_cpu_us_per_request` (the
+    client: this process on HTTP rows, the gRPC worker processes together on gRPC rows);
   - `gateway_cpu_util`, `upstream_cpu_util`, `loadgen_cpu_util`: CPU seconds per wall second;
-  - streams only, else null: `chunks_per_s` (SSE events incl. [DONE] received per second),
-    `http_chunks_per_s` (HTTP/1.1 chunks, i.e. writes of whoever answered), `ttfc_p50_ms` (time
-    to the first chunk) and `added_ttfc_p50_ms`.
+  - streams only, else null: `chunks_per_s` (received per second: SSE events incl. [DONE] over
+    HTTP, i.e. stream_chunks + 1 per answer; ChatChunk messages over gRPC, stream_chunks per
+    answer as [DONE] has no message), `http_chunks_per_s` (HTTP/1.1 chunks, i.e. writes of
+    whoever answered; null on gRPC rows), `ttfc_p50_ms` (time to the first chunk or message)
+    and `added_ttfc_p50_ms`.
 - `targets`: name, field, threshold, comparison, unit, value, passed (null when not measured).
 - `rounds`: every round's own figures.
 
@@ -40,11 +50,14 @@ from typing import Any
 import orjson
 import uvloop
 
+from benchmarks import loadgen_grpc
+from benchmarks.loadgen_grpc import GrpcLoadgen, grpc_loadgen
 from benchmarks.loadgen_http import chat_request, run_round
 from benchmarks.overhead_procs import Fleet, fleet, machine_info
 from benchmarks.overhead_report import (
     DIRECT,
     GATEWAY,
+    GATEWAY_GRPC,
     Measured,
     build_rows,
     evaluate_targets,
@@ -55,6 +68,8 @@ from benchmarks.overhead_report import (
 from benchmarks.static_upstream import MODEL
 
 _HOST = "127.0.0.1"
+# Interleaved in this order in every round.
+_ROUND_ORDER = (DIRECT, GATEWAY, GATEWAY_GRPC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,8 @@ class Params:
     warmup_s: float
     stream_chunks: int
     stream_gap_ms: float
+    grpc_clients: int = 2
+    grpc_channels: int = 4
 
 
 def _concurrency(text: str) -> tuple[int, ...]:
@@ -101,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="upstream pause between SSE deltas (default 0: as fast as its event loop turns)",
     )
+    parser.add_argument(
+        "--grpc-clients", type=int, default=2, help="gRPC load generator processes (default 2)"
+    )
+    parser.add_argument(
+        "--grpc-channels", type=int, default=4, help="gRPC channels over all of them (default 4)"
+    )
 
 
 def params_from_args(args: argparse.Namespace) -> Params:
@@ -112,14 +135,41 @@ def params_from_args(args: argparse.Namespace) -> Params:
     chunks, gap = args.stream_chunks, args.stream_gap_ms
     if rounds < 1 or duration <= 0 or warmup < 0 or chunks < 2 or gap < 0:
         raise ValueError("need rounds >= 1, duration > 0, warmup >= 0, chunks >= 2, gap >= 0")
-    return Params(Path(args.out), tuple(args.concurrency), rounds, duration, warmup, chunks, gap)
+    if args.grpc_clients < 1 or args.grpc_channels < 1:
+        raise ValueError("need --grpc-clients >= 1 and --grpc-channels >= 1")
+    return Params(
+        Path(args.out),
+        tuple(args.concurrency),
+        rounds,
+        duration,
+        warmup,
+        chunks,
+        gap,
+        args.grpc_clients,
+        args.grpc_channels,
+    )
 
 
-async def _cell(f: Fleet, p: Params, conc: int, stream: bool) -> list[Measured]:
+async def _cell(
+    f: Fleet, clients: GrpcLoadgen, p: Params, conc: int, stream: bool
+) -> list[Measured]:
     ports = {DIRECT: f.upstream_port, GATEWAY: f.gateway_port}
     requests = {t: chat_request(f.host, port, MODEL, stream) for t, port in ports.items()}
+    grpc_request = loadgen_grpc.chat_request(MODEL)
 
     async def one(target: str, duration: float, index: int) -> Measured:
+        if target == GATEWAY_GRPC:
+            result = await clients.run_round(
+                f"{f.host}:{f.grpc_port}",
+                grpc_request,
+                concurrency=conc,
+                channels=p.grpc_channels,
+                duration_s=duration,
+                stream=stream,
+                expect_messages=p.stream_chunks,
+                cpu_snapshot=f.cpu_snapshot,
+            )
+            return Measured(target, conc, stream, index, result)
         result = await run_round(
             f.host,
             ports[target],
@@ -133,11 +183,11 @@ async def _cell(f: Fleet, p: Params, conc: int, stream: bool) -> list[Measured]:
         return Measured(target, conc, stream, index, result)
 
     if p.warmup_s > 0:
-        for target in (DIRECT, GATEWAY):
+        for target in _ROUND_ORDER:
             await one(target, p.warmup_s, -1)
     out: list[Measured] = []
     for index in range(p.rounds):
-        for target in (DIRECT, GATEWAY):
+        for target in _ROUND_ORDER:
             out.append(await one(target, p.duration_s, index))
     return out
 
@@ -146,20 +196,24 @@ async def measure(p: Params) -> dict[str, Any]:
     """Run every cell against a fresh upstream and gateway; return the results.json object."""
     machine = machine_info()
     measured: list[Measured] = []
-    async with fleet(_HOST, p.stream_chunks, p.stream_gap_ms) as f:
+    async with (
+        fleet(_HOST, p.stream_chunks, p.stream_gap_ms) as f,
+        grpc_loadgen(p.grpc_clients) as clients,
+    ):
         for stream in (False, True):
             for conc in p.concurrency:
-                cell = await _cell(f, p, conc, stream)
+                cell = await _cell(f, clients, p, conc, stream)
                 measured += cell
-                rows = build_rows(cell)
-                gw = next(r for r in rows if r["target"] == GATEWAY)
-                print(
-                    f"c={conc:<3} stream={stream!s:<5} gateway {gw['rps']:>8.0f} req/s "
-                    f"(x{gw['rps_ratio_vs_direct']:.2f} of direct) "
-                    f"+p50 {gw['added_p50_ms']:.3f} ms "
-                    f"{gw['cpu_us_per_request']:.0f} CPU us/req errors {gw['errors']}",
-                    flush=True,
-                )
+                for gw in build_rows(cell):
+                    if gw["target"] == DIRECT:
+                        continue
+                    print(
+                        f"c={conc:<3} stream={stream!s:<5} {gw['target']:<12} "
+                        f"{gw['rps']:>8.0f} req/s (x{gw['rps_ratio_vs_direct']:.2f} of direct) "
+                        f"+p50 {gw['added_p50_ms']:.3f} ms "
+                        f"{gw['cpu_us_per_request']:.0f} CPU us/req errors {gw['errors']}",
+                        flush=True,
+                    )
     rows = build_rows(measured)
     params = asdict(p)
     params["out"] = str(p.out)

@@ -20,7 +20,16 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _REPO = Path(__file__).resolve().parents[1]
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 10.0
-_VERSIONED = ("uvloop", "uvicorn", "httptools", "starlette", "aiohttp", "orjson")
+_VERSIONED = (
+    "uvloop",
+    "uvicorn",
+    "httptools",
+    "starlette",
+    "aiohttp",
+    "orjson",
+    "grpcio",
+    "protobuf",
+)
 
 
 class BenchProcessError(Exception):
@@ -36,17 +45,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """This environment with the repository importable (for `python -m` children)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_ports(host: str, n: int) -> list[int]:
+    # All bound at once, so that the n ports differ.
+    with contextlib.ExitStack() as stack:
+        socks = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)
+        ]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
@@ -114,6 +128,7 @@ class Fleet:
     host: str
     upstream_port: int
     gateway_port: int
+    grpc_port: int
     upstream_pid: int
     gateway_pid: int
 
@@ -126,23 +141,25 @@ class Fleet:
         }
 
 
-def _gateway_toml(host: str, port: int, upstream_url: str) -> str:
-    # Defaults everywhere else (routing profile, metrics on): the gateway as it ships.
+def _gateway_toml(host: str, port: int, grpc_port: int, upstream_url: str) -> str:
+    # Defaults everywhere else (routing profile, metrics on): the gateway as it ships, plus
+    # its gRPC front end, which HTTP rows then also pay for while it idles.
     return (
         f'[server]\nhost = "{host}"\nport = {port}\ndrain_timeout_s = 2.0\n\n'
+        f'[grpc]\nenabled = true\nhost = "{host}"\nport = {grpc_port}\n\n'
         f'[[replicas]]\nurl = "{upstream_url}"\nname = "static"\n'
     )
 
 
 async def _spawn(args: list[str], log: IO[bytes], stdout: int) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", *args, stdout=stdout, stderr=log, env=_env(), cwd=_REPO
+        sys.executable, "-m", *args, stdout=stdout, stderr=log, env=child_env(), cwd=_REPO
     )
 
 
 @contextlib.asynccontextmanager
 async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fleet]:
-    """Start the static upstream, then a gateway in front of it; stop both on exit."""
+    """Start the static upstream, then a gateway (HTTP + gRPC) in front of it; stop both on exit."""
     children: list[_Child] = []
     with tempfile.TemporaryDirectory(prefix="llm-gw-overhead-") as tmp:
         work = Path(tmp)
@@ -163,17 +180,18 @@ async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fl
                 raise BenchProcessError(f"static upstream did not start: {_tail(up_log)}") from None
             await _wait_ready(upstream, host, up_port, "/health")
 
-            gw_port = _free_port(host)
+            gw_port, grpc_port = _free_ports(host, 2)
             cfg = work / "gateway.toml"
-            cfg.write_text(_gateway_toml(host, gw_port, f"http://{host}:{up_port}"))
+            cfg.write_text(_gateway_toml(host, gw_port, grpc_port, f"http://{host}:{up_port}"))
             gw_log = work / "gateway.log"
             with gw_log.open("wb") as log:
                 args = ["gateway.cli", "--log-level", "warning", "serve", "-c", str(cfg)]
                 proc = await _spawn(args, log, asyncio.subprocess.DEVNULL)
             gateway = _Child("gateway", proc, gw_log)
             children.append(gateway)
+            # The gRPC front end starts before the HTTP one listens: /ready covers both.
             await _wait_ready(gateway, host, gw_port, "/ready")
-            yield Fleet(host, up_port, gw_port, upstream.proc.pid, gateway.proc.pid)
+            yield Fleet(host, up_port, gw_port, grpc_port, upstream.proc.pid, gateway.proc.pid)
             for child in children:
                 child.check_alive()
         finally:

@@ -10,7 +10,8 @@ from typing import Any
 
 from benchmarks.loadgen_http import RoundResult
 
-DIRECT, GATEWAY = "direct", "gateway"
+DIRECT, GATEWAY, GATEWAY_GRPC = "direct", "gateway", "gateway-grpc"
+_ORDER = {DIRECT: 0, GATEWAY: 1, GATEWAY_GRPC: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +128,15 @@ def build_rows(measured: Sequence[Measured]) -> list[dict[str, Any]]:
             "upstream_cpu_util": med("upstream_cpu_util"),
             "loadgen_cpu_util": med("loadgen_cpu_util"),
             "chunks_per_s": med("chunks_per_s", 0) if stream else None,
-            "http_chunks_per_s": med("http_chunks_per_s", 0) if stream else None,
+            # gRPC has messages, not HTTP/1.1 chunks: its HTTP/2 frames are not counted.
+            "http_chunks_per_s": (
+                med("http_chunks_per_s", 0) if stream and target != GATEWAY_GRPC else None
+            ),
             "ttfc_p50_ms": med("ttfc_p50_ms") if stream else None,
             "added_ttfc_p50_ms": added("ttfc_p50_ms") if stream else None,
         }
         rows.append(row)
-    rows.sort(key=lambda r: (r["stream"], r["concurrency"], r["target"] != DIRECT))
+    rows.sort(key=lambda r: (r["stream"], r["concurrency"], _ORDER.get(r["target"], 9)))
     return rows
 
 
@@ -214,8 +218,9 @@ _COLUMNS = (
     ("rps_ratio_vs_direct", "req/s ÷ direct"),
     ("cpu_us_per_request", "gw CPU µs/req"),
     ("gateway_cpu_util", "gw CPU util"),
+    ("loadgen_cpu_us_per_request", "client CPU µs/req"),
     ("loadgen_cpu_util", "client CPU util"),
-    ("chunks_per_s", "SSE chunks/s"),
+    ("chunks_per_s", "chunks/s"),
     ("http_chunks_per_s", "HTTP chunks/s"),
     ("ttfc_p50_ms", "TTFC p50 ms"),
     ("errors", "errors"),
@@ -248,7 +253,14 @@ def render_markdown(results: dict[str, Any], schema_doc: str) -> str:
         f"{p['rounds']} interleaved round(s) of {p['duration_s']} s per target and cell after "
         f"{p['warmup_s']} s warm-up; {p['stream_chunks']} SSE deltas + [DONE] per stream, "
         f"{p['stream_gap_ms']} ms apart (0 = as fast as the upstream's loop turns); "
-        "one gateway process, static upstream and load generator in their own processes.",
+        "one gateway process, static upstream and load generator in their own processes; "
+        f"gRPC rows: {p['grpc_clients']} grpc.aio client process(es), {p['grpc_channels']} "
+        "channels in all.",
+        "- The upstream speaks only HTTP, so the direct baseline of the gRPC rows is the direct "
+        "HTTP round: their `+` and `÷ direct` columns include the change of protocol (and the "
+        "gRPC client's own cost, shown as client CPU µs/req).",
+        "- chunks/s: SSE events incl. [DONE] over HTTP (deltas + 1 per answer), ChatChunk "
+        "messages over gRPC (deltas per answer; [DONE] has no message).",
         "- Figures are medians over rounds; `+` columns are medians of per-round differences "
         "against the direct round it was interleaved with. CPU figures come from "
         "/proc/<pid>/stat (10 ms ticks) of each process over the measuring window.",

@@ -64,11 +64,25 @@ def block_hashes(
 def char_block_hashes(
     text: str, block_chars: int = 64, *, seed: int = 0, extra: bytes = b""
 ) -> list[int]:
-    """Chained hash of each full `block_chars`-character block (no tokenizer configured)."""
+    """Chained hash of each full `block_chars`-character block (no tokenizer configured).
+
+    Each block is hashed as its own UTF-8 bytes, so a block's hash never depends on the
+    characters after it; ASCII text (the common case) is encoded once and sliced.
+    """
     _check_block(block_chars)
-    # UTF-32 makes every character 4 bytes, so character blocks are plain byte slices.
-    data = text.encode("utf-32-le", "surrogatepass")
-    return _chain(data, block_chars * 4, seed, extra)
+    if text.isascii():
+        return _chain(text.encode("ascii"), block_chars, seed, extra)
+    out: list[int] = []
+    end = len(text) - block_chars + 1
+    if end <= 0:
+        return out
+    parent = _xxh3(text[:block_chars].encode("utf-8", "surrogatepass") + extra, seed & _MASK64)
+    out.append(parent)
+    for start in range(block_chars, end, block_chars):
+        block = text[start : start + block_chars].encode("utf-8", "surrogatepass")
+        parent = _xxh3(block, parent)
+        out.append(parent)
+    return out
 
 
 def prompt_hash(model: str, prompt: str | bytes) -> int:

@@ -113,6 +113,12 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     return overhead.run(args)
 
 
+def _cmd_bench_routing_cost(args: argparse.Namespace) -> int:
+    from benchmarks import routing_cost
+
+    return routing_cost.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-gateway", description="Cache- and load-aware gateway for vLLM fleets."
@@ -150,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     overhead.add_arguments(p)
     p.set_defaults(func=_cmd_bench_overhead)
+    p = bench.add_parser("routing-cost", help="CPU cost of one routing decision (16 replicas)")
+    from benchmarks import routing_cost
+
+    routing_cost.add_arguments(p)
+    p.set_defaults(func=_cmd_bench_routing_cost)
     return parser
 
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from benchmarks import overhead
+from benchmarks import loadgen_grpc, overhead
 from benchmarks.loadgen_http import RoundResult, chat_request, run_round
-from benchmarks.overhead_report import DIRECT, GATEWAY, Measured, build_rows, evaluate_targets
+from benchmarks.overhead_report import (
+    DIRECT,
+    GATEWAY,
+    GATEWAY_GRPC,
+    Measured,
+    build_rows,
+    evaluate_targets,
+)
 from benchmarks.static_upstream import MODEL, start
+from gateway.grpc_gen import gateway_pb2 as pb
+from gateway.grpc_gen import gateway_pb2_grpc as pb_grpc
 
 ROW_FIELDS = {
     "target",
@@ -27,7 +38,10 @@ ROW_FIELDS = {
     "cpu_us_per_request",
     "gateway_cpu_util",
     "chunks_per_s",
+    "http_chunks_per_s",
     "ttfc_p50_ms",
+    "added_ttfc_p50_ms",
+    "loadgen_cpu_us_per_request",
     "requests",
     "errors",
 }
@@ -83,6 +97,111 @@ async def test_loadgen_flags_a_stream_with_the_wrong_event_count() -> None:
         server.close()
     assert result.requests == 0
     assert result.error_kinds == {"bad_stream": 2}
+
+
+class _Inference(pb_grpc.InferenceServicer):
+    """Answers Chat, and StreamChat with a role chunk, content chunks and a finishing one."""
+
+    def __init__(self, chunks: int) -> None:
+        self.chunks = chunks
+
+    async def Chat(self, request: pb.ChatRequest, context: object) -> pb.ChatResponse:
+        message = pb.ChatMessage(role="assistant", content="hi")
+        return pb.ChatResponse(
+            model=request.model, choices=[pb.ChatChoice(message=message, finish_reason="stop")]
+        )
+
+    async def StreamChat(self, request: pb.ChatRequest, context: object) -> AsyncIterator[object]:
+        yield pb.ChatChunk(choices=[pb.ChatChunkChoice(delta=pb.ChatMessage(role="assistant"))])
+        for i in range(1, self.chunks - 1):
+            yield pb.ChatChunk(choices=[pb.ChatChunkChoice(delta=pb.ChatMessage(content=f"{i}"))])
+        yield pb.ChatChunk(choices=[pb.ChatChunkChoice(finish_reason="stop")])
+
+
+async def _grpc_server(chunks: int) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    pb_grpc.add_InferenceServicer_to_server(_Inference(chunks), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _no_cpu() -> dict[str, float]:
+    return {"gateway": 0.0, "upstream": 0.0}
+
+
+async def test_grpc_loadgen_completes_unary_and_streamed_calls() -> None:
+    server, target = await _grpc_server(chunks=6)
+    try:
+        async with loadgen_grpc.grpc_loadgen(2) as clients:
+            results = {
+                stream: await clients.run_round(
+                    target,
+                    loadgen_grpc.chat_request(MODEL),
+                    concurrency=3,
+                    channels=2,
+                    duration_s=0.3,
+                    stream=stream,
+                    expect_messages=6,
+                    cpu_snapshot=_no_cpu,
+                )
+                for stream in (False, True)
+            }
+    finally:
+        await server.stop(None)
+    for stream, result in results.items():
+        assert result.errors == 0, result.error_kinds
+        assert result.requests > 0
+        assert len(result.latencies_s) == result.requests
+        assert result.cpu_s["loadgen"] > 0  # the workers' CPU, not this process's
+        assert result.http_chunks == 0
+        if stream:
+            assert result.events == 6 * result.requests
+            assert len(result.ttfc_s) == result.requests
+        else:
+            assert result.events == 0 and result.ttfc_s == []
+
+
+async def test_grpc_loadgen_flags_a_stream_with_the_wrong_message_count() -> None:
+    server, target = await _grpc_server(chunks=5)
+    try:
+        async with loadgen_grpc.grpc_loadgen(1) as clients:
+            result = await clients.run_round(
+                target,
+                loadgen_grpc.chat_request(MODEL),
+                concurrency=2,
+                channels=1,
+                duration_s=0.1,
+                stream=True,
+                expect_messages=9,
+                cpu_snapshot=_no_cpu,
+            )
+    finally:
+        await server.stop(None)
+    assert result.requests == 0
+    assert result.error_kinds["bad_stream"] >= 2
+
+
+async def test_grpc_loadgen_reports_a_refused_call_by_its_status() -> None:
+    server = grpc.aio.server()  # no services: every call is UNIMPLEMENTED
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with loadgen_grpc.grpc_loadgen(1) as clients:
+            result = await clients.run_round(
+                f"127.0.0.1:{port}",
+                loadgen_grpc.chat_request(MODEL),
+                concurrency=1,
+                channels=1,
+                duration_s=0.1,
+                stream=False,
+                expect_messages=2,
+                cpu_snapshot=_no_cpu,
+            )
+    finally:
+        await server.stop(None)
+    assert result.requests == 0
+    assert set(result.error_kinds) == {"grpc_unimplemented"}
 
 
 def _round(target: str, index: int, requests: int, latency_ms: float) -> Measured:
@@ -142,15 +261,20 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     assert overhead.run(args) == 0
     results = json.loads((out / "results.json").read_text())
     rows = results["rows"]
-    cells = {(r["target"], r["concurrency"], r["stream"]) for r in rows}
-    assert cells == {(t, c, s) for t in (DIRECT, GATEWAY) for c in (1, 4) for s in (False, True)}
+    cells = [(r["target"], r["concurrency"], r["stream"]) for r in rows]
+    targets = (DIRECT, GATEWAY, GATEWAY_GRPC)
+    assert cells == [(t, c, s) for s in (False, True) for c in (1, 4) for t in targets]
     for row in rows:
         assert row.keys() >= ROW_FIELDS
-        assert row["errors"] == 0, row["error_kinds"]
+        assert row["errors"] == 0, (row["target"], row["error_kinds"])
         assert row["requests"] > 0
+        assert row["loadgen_cpu_us_per_request"] > 0
         assert (row["chunks_per_s"] is not None) == row["stream"]
         assert (row["ttfc_p50_ms"] is not None) == row["stream"]
+        http_stream = row["stream"] and row["target"] != GATEWAY_GRPC
+        assert (row["http_chunks_per_s"] is not None) == http_stream
     assert results["parameters"]["concurrency"] == [1, 4]
+    assert results["parameters"]["grpc_clients"] == 2
     assert results["machine"]["cpus_usable"] >= 1
     assert [t["passed"] is None for t in results["targets"]] == [False, True, False]
     assert len(results["rounds"]) == len(rows)
@@ -158,3 +282,5 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     assert "| target | c | stream |" in report
     assert "## Targets" in report
     assert "rps_ratio_vs_direct" in report
+    assert "| gateway-grpc | 4 | yes |" in report
+    assert "direct baseline of the gRPC rows is the direct HTTP round" in report

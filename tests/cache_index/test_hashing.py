@@ -87,13 +87,21 @@ def test_char_blocks_count_characters_not_bytes(text: str, block_chars: int, exp
 
 def test_char_blocks_chain_like_token_blocks() -> None:
     text = "".join(chr(RNG.randrange(32, 0x3000)) for _ in range(256))
-    first = xxhash.xxh3_64_intdigest(text[:64].encode("utf-32-le") + b"x", 3)
+    first = xxhash.xxh3_64_intdigest(text[:64].encode("utf-8", "surrogatepass") + b"x", 3)
     hashes = char_block_hashes(text, 64, seed=3, extra=b"x")
     assert hashes[0] == first
     assert char_block_hashes(text[64:], 64, seed=first) == hashes[1:]
     edited = text[:130] + "?" + text[131:]
     assert char_block_hashes(edited, 64, seed=3, extra=b"x")[:2] == hashes[:2]
     assert char_block_hashes(edited, 64, seed=3, extra=b"x")[2:] != hashes[2:]
+
+
+def test_char_blocks_of_ascii_and_non_ascii_texts_agree_on_shared_blocks() -> None:
+    shared = "system prompt, plain ASCII. " * 10
+    ascii_only = char_block_hashes(shared + "question?" * 10, 64)
+    accented = char_block_hashes(shared + "question é?" * 10, 64)
+    n = len(shared) // 64
+    assert ascii_only[:n] == accented[:n]
 
 
 def test_prompt_hash_keys_on_model_and_accepts_str_or_bytes() -> None:
