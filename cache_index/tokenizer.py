@@ -32,7 +32,13 @@ class Tokenizer(Protocol):
 
     name: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """A prompt as a completion request sends it (special tokens such as BOS added)."""
+        ...
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Text already templated (chat): vLLM adds no special tokens, the template did."""
+        ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -65,6 +71,10 @@ class BuiltinTokenizer:
                     self._pieces.setdefault(tid, piece)
             append(tid)
         return out
+
+    def encode_plain(self, text: str) -> list[int]:
+        """The same as `encode`: the built-in vocabulary has no special tokens to add."""
+        return self.encode(text)
 
     def register(self, piece: str) -> int:
         """Pin a piece in the decode table (used for the simulator's output vocabulary)."""

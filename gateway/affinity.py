@@ -61,7 +61,9 @@ class Affinity:
             if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
                 ids = prompt  # already token ids: exactly what vLLM caches
             else:
-                ids = self.tokenizer.encode(text)
+                # A rendered chat already carries the template's BOS; vLLM adds none to it.
+                tok = self.tokenizer
+                ids = tok.encode_plain(text) if req.kind == "chat" else tok.encode(text)
             hashes = block_hashes(ids, self.cfg.block_size, extra=extra)
             return len(ids), tuple(hashes)
         hashes = char_block_hashes(text, self.cfg.block_chars, extra=extra)

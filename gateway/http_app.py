@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -47,10 +48,14 @@ class _ClientGone(Exception):
 class _Cycle:
     """Per-request flags shared with the disconnect watcher."""
 
-    __slots__ = ("gone", "responded")
+    __slots__ = ("cut", "gone", "responded", "started")
 
     def __init__(self) -> None:
         self.gone = False
+        # The drain period ended while this request was open: end it, don't wait for it.
+        self.cut = False
+        # The status line went out (a stream): an error can only be an SSE event now.
+        self.started = False
         # Set before the last send: uvicorn also reports "disconnect" once a response completes.
         self.responded = False
 
@@ -80,6 +85,8 @@ class GatewayApp:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._open: dict[asyncio.Task[Any], _Cycle] = {}
+        runtime.stream_cutters.append(self._cut_streams)
         cfg = runtime.config.server
         self._limit = cfg.max_body_bytes
         self._receive_timeout = cfg.request_receive_timeout_s
@@ -188,15 +195,36 @@ class GatewayApp:
                 task.cancel()
 
         watcher = asyncio.create_task(watch())
+        self._open[task] = cycle
         try:
             await self._serve(parsed, headers, started, send, cycle)
         except asyncio.CancelledError:
-            if cycle.gone and task.uncancel() == 0:
-                log.info("request %s: client disconnected", request_id)
+            if (cycle.gone or cycle.cut) and task.uncancel() == 0:
+                if cycle.gone:
+                    log.info("request %s: client disconnected", request_id)
+                    return
+                await self._send_cut(send, cycle, request_id)
                 return
             raise
         finally:
+            del self._open[task]
             watcher.cancel()
+
+    def _cut_streams(self) -> None:
+        """Drain period over: end every open request now (its upstream is closed on the way)."""
+        for task, cycle in self._open.items():
+            if not cycle.responded:
+                cycle.cut = True
+                task.cancel()
+
+    async def _send_cut(self, send: Send, cycle: _Cycle, request_id: str) -> None:
+        log.warning("request %s: cut at the end of the drain period", request_id)
+        message = "The gateway is shutting down; the request was not completed."
+        if cycle.started:
+            event = b"data: " + error_body(message, 503) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        else:
+            await _send_error(send, NoHealthyReplica(message), request_id)
 
     async def _serve(
         self,
@@ -234,6 +262,7 @@ class GatewayApp:
             )
             await send({"type": "http.response.body", "body": exchange.first})
             return True
+        cycle.started = True
         await send(
             {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
         )

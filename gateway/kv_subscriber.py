@@ -73,7 +73,7 @@ class KvEventSubscriber:
         log.info("replica %s: KV events from %s", replica.name, endpoint)
         try:
             while True:
-                if not await sock.poll(_RECV_POLL_S * 1000, zmq.POLLIN):
+                if not await sock.poll(timeout=int(_RECV_POLL_S * 1000)):
                     continue
                 frames = await sock.recv_multipart()
                 self._apply(replica.name, frames)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import aiohttp
@@ -73,6 +74,8 @@ class Runtime:
             self.pool.live_rows, self.admission.queue.depth if self.admission else dict
         )
         self.draining = False
+        # Called when the drain period is over: each front end ends its open streams cleanly.
+        self.stream_cutters: list[Callable[[], None]] = []
         self._stack = AsyncExitStack()
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -131,6 +134,21 @@ class Runtime:
         while True:
             await asyncio.sleep(interval)
             await checker.probe(replica)
+
+    def begin_drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail readiness now; end the streams still open after `drain_timeout_s`."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: streams get %.0f s to finish", self.config.server.drain_timeout_s)
+        # Signal handlers may run between any two bytecodes: hand over to the loop safely.
+        loop.call_soon_threadsafe(
+            loop.call_later, self.config.server.drain_timeout_s, self._cut_streams
+        )
+
+    def _cut_streams(self) -> None:
+        for cut in self.stream_cutters:
+            cut()
 
     async def stop(self) -> None:
         self.draining = True

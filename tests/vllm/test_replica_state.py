@@ -1,0 +1,174 @@
+"""What the gateway learns from real replicas: /metrics, KV events, and aborts on disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from benchmarks.vllm_cpu import VllmFleet, VllmReplica
+from cache_index.hashing import block_hashes
+from gateway.server import RunningGateway
+from tests.vllm.conftest import TIMEOUT_S, gateway_for, metric, reset_caches, wait_until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
+
+RUNNING = "vllm:num_requests_running"
+
+
+def _long_stream(fleet: VllmFleet, prompt: str) -> dict[str, Any]:
+    # About 3 ms a token here: the answer streams for seconds unless it is aborted.
+    return {"model": fleet.model, "prompt": prompt, "max_tokens": fleet.max_model_len - 64,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+
+
+@asynccontextmanager
+async def _streaming(client: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[None]:
+    """A stream that has sent its first chunks; it is dropped (client gone) on exit."""
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200
+        # Held until exit: a dropped iterator would be finalised at once, closing the stream.
+        chunks = resp.aiter_raw()
+        for _ in range(3):
+            await anext(chunks)
+        yield
+
+
+async def _fleet_running(direct: httpx.AsyncClient, fleet: VllmFleet) -> float:
+    return sum([await metric(direct, r.url, RUNNING) for r in fleet.replicas])
+
+
+async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
+    async with gateway_for(fleet) as (gw, client):
+        pool = gw.runtime.pool
+        for r in fleet.replicas:
+            m = pool[r.name].metrics
+            assert m is not None, f"{r.name} never scraped"
+            assert m.block_size == fleet.block_size
+            assert m.num_gpu_blocks == fleet.num_gpu_blocks
+        caps = {s.name: s.cache_capacity_tokens for s in pool.snapshots()}
+        assert caps == {r.name: fleet.num_gpu_blocks * fleet.block_size for r in fleet.replicas}
+        stats = gw.runtime.affinity.prefixes.stats()
+        assert {stats[r.name].capacity for r in fleet.replicas} == {fleet.num_gpu_blocks}
+
+        async with _streaming(client, _long_stream(fleet, "score loop sees me")):
+
+            async def busy() -> bool:
+                ms = [pool[r.name].metrics for r in fleet.replicas]
+                return any(m is not None and (m.running or 0) >= 1 and (m.kv_usage or 0) > 0
+                           for m in ms)  # fmt: skip
+
+            await wait_until(busy, "a scraped running request with KV usage", within=5.0)
+            snaps = {s.name: s for s in pool.snapshots()}
+            assert any((s.running or 0) >= 1 for s in snaps.values())
+            assert all(s.waiting == 0 for s in snaps.values())
+
+        async def idle() -> bool:
+            return all((pool[r.name].metrics or _never()).running == 0 for r in fleet.replicas)
+
+        await wait_until(idle, "running back to 0 in the scraped metrics", within=5.0)
+
+
+def _never() -> Any:
+    raise AssertionError("metrics disappeared")
+
+
+async def test_client_disconnect_aborts_on_the_replica(fleet: VllmFleet) -> None:
+    async with gateway_for(fleet) as (_, client), httpx.AsyncClient(timeout=10.0) as direct:
+        async with _streaming(client, _long_stream(fleet, "disconnect me early")):
+
+            async def running() -> bool:
+                return await _fleet_running(direct, fleet) >= 1
+
+            # The gauge follows engine steps: a stream's first chunks can precede it.
+            await wait_until(running, "vllm:num_requests_running >= 1", within=3.0)
+        dropped = time.monotonic()
+
+        async def stopped() -> bool:
+            return await _fleet_running(direct, fleet) == 0
+
+        await wait_until(stopped, "vllm:num_requests_running == 0", within=1.0, interval=0.05)
+        assert time.monotonic() - dropped < 1.0
+
+
+async def _sync_index(gw: RunningGateway, fleet: VllmFleet, client: httpx.AsyncClient) -> None:
+    """Empty every cache and wait until the gateway's index is precise for every replica.
+
+    vLLM publishes AllBlocksCleared with the next engine step, so a small request follows each
+    reset; repeated until the subscriber (ZMQ slow joiner) has seen it."""
+    index = gw.runtime.affinity.prefixes
+
+    async def synced() -> bool:
+        await reset_caches(fleet, client)
+        for r in fleet.replicas:
+            await _complete(client, r, fleet, f"sync {time.monotonic_ns()} " + "papa " * 40)
+        await asyncio.sleep(0.2)
+        return all(index.mode(r.name) == "precise" for r in fleet.replicas)
+
+    await wait_until(synced, "a precise prefix index for every replica", within=20.0)
+
+
+async def _complete(
+    client: httpx.AsyncClient, replica: VllmReplica, fleet: VllmFleet, prompt: str
+) -> None:
+    body = {"model": fleet.model, "prompt": prompt, "max_tokens": 1}
+    resp = await client.post(replica.url + "/v1/completions", json=body)
+    assert resp.status_code == 200, resp.text
+
+
+async def _ids(client: httpx.AsyncClient, fleet: VllmFleet, prompt: str) -> list[int]:
+    resp = await client.post(
+        fleet.replicas[0].url + "/tokenize", json={"model": fleet.model, "prompt": prompt}
+    )
+    assert resp.status_code == 200, resp.text
+    ids: list[int] = resp.json()["tokens"]
+    return ids
+
+
+async def test_kv_events_fill_the_precise_index_and_eviction_empties_it(fleet: VllmFleet) -> None:
+    async with gateway_for(fleet) as (gw, client), httpx.AsyncClient(timeout=60.0) as direct:
+        await _sync_index(gw, fleet, direct)
+        index = gw.runtime.affinity.prefixes
+        prompt = f"kv index {time.monotonic_ns()} " + "juliet kilo lima mike " * 40
+        ids = await _ids(direct, fleet, prompt)
+        hashes = block_hashes(ids, fleet.block_size)
+        assert len(hashes) >= 4
+        resp = await client.post(
+            "/v1/completions", json={"model": fleet.model, "prompt": prompt, "max_tokens": 1}
+        )
+        assert resp.status_code == 200, resp.text
+
+        async def held() -> dict[str, int]:
+            return {k: v for k, v in index.match(hashes).items() if v == len(hashes)}
+
+        holders = await wait_until(held, "the prompt's blocks in the precise index", within=5.0)
+        assert len(holders) == 1, holders
+        (name,) = holders
+        replica = next(r for r in fleet.replicas if r.name == name)
+        assert index.mode(name) == "precise"
+
+        # More unique tokens than the replica's cache holds: the prompt's blocks are evicted.
+        filler_tokens = fleet.num_gpu_blocks * fleet.block_size * 3 // 2
+        per_prompt = fleet.max_model_len - 2 * fleet.block_size
+        for i in range(filler_tokens // per_prompt + 1):
+            words = f"filler {i} {time.monotonic_ns()} " + "oscar papa quebec " * per_prompt
+            text = _cut(await _ids(direct, fleet, words), per_prompt, words)
+            await _complete(direct, replica, fleet, text)
+
+        async def gone() -> bool:
+            return name not in index.match(hashes)
+
+        await wait_until(gone, "the evicted blocks to leave the index", within=5.0)
+        assert index.mode(name) == "precise"
+
+
+def _cut(ids: list[int], limit: int, words: str) -> str:
+    """`words` cut to about `limit` tokens (the tokenizer makes ~1 token per short word)."""
+    if len(ids) <= limit:
+        return words
+    return " ".join(words.split()[: limit * len(words.split()) // len(ids)])
