@@ -224,9 +224,20 @@ class AdmissionConfig:
 
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
-    """Prometheus metrics."""
+    """Prometheus metrics and OpenTelemetry traces."""
 
     metrics_enabled: bool = True
+    # OTLP/HTTP traces endpoint (e.g. http://otel-collector:4318/v1/traces); "" = no tracing.
+    tracing_endpoint: str = ""
+    # Share of requests traced when the client sent no sampled trace context.
+    tracing_sample_ratio: float = 1.0
+    tracing_service_name: str = "llm-gateway"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.tracing_sample_ratio <= 1.0:
+            raise ValueError(
+                f"tracing_sample_ratio must be in [0, 1], got {self.tracing_sample_ratio}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from gateway.upstream import Exchange
 from routing.router import Router
 from routing.types import Decision, NoReplicaError, RequestFeatures
 from telemetry.metrics import GatewayMetrics
+from telemetry.tracing import RequestTrace, Tracing, end_attempt, inject_headers
 
 log = logging.getLogger("llm_gateway.pipeline")
 
@@ -57,7 +58,9 @@ class Pipeline:
         metrics: GatewayMetrics,
         affinity: Affinity,
         admission: Admission | None,
+        tracing: Tracing | None = None,
     ) -> None:
+        self._tracing = tracing
         self._affinity = affinity
         self._admission = admission
         self._cfg = config.upstream
@@ -81,17 +84,31 @@ class Pipeline:
         self, req: ParsedRequest, client_headers: list[tuple[bytes, bytes]], started: float
     ) -> Exchange:
         """Return an exchange holding the first upstream byte, or raise a client-safe error."""
+        tracing = self._tracing
+        rtrace = tracing.start(req.kind, client_headers, req.request_id) if tracing else None
         try:
-            return await self._open(req, client_headers, started)
+            exchange = await self._open(req, client_headers, started, rtrace)
         except GatewayError as err:
             # Refused requests count too; an unknown model name must not mint a label.
             model = req.model if req.model in self._pool.known_models() else "_unknown"
             branch = QUEUED if isinstance(err, RateLimited) else "none"
             self._metrics.request_done(model, "", err.status, branch, time.perf_counter() - started)
+            if rtrace is not None:
+                rtrace.end(err.status)
             raise
+        except BaseException:
+            if rtrace is not None:
+                rtrace.end(499)  # the client went away (nginx's code for it)
+            raise
+        exchange.trace = rtrace
+        return exchange
 
     async def _open(
-        self, req: ParsedRequest, client_headers: list[tuple[bytes, bytes]], started: float
+        self,
+        req: ParsedRequest,
+        client_headers: list[tuple[bytes, bytes]],
+        started: float,
+        rtrace: RequestTrace | None,
     ) -> Exchange:
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
@@ -116,12 +133,20 @@ class Pipeline:
             replica = lease.replica
             # Counted as queued prefill on the replica until its first byte arrives.
             replica.queued_prefill_tokens += features.prompt_tokens
+            span, sent = None, headers
+            if rtrace is not None:
+                span, carrier = rtrace.attempt(name, decision.replica.url)
+                sent = inject_headers(headers, carrier)
             try:
-                exchange = await self._attempt(req, headers, decision, lease, started)
+                exchange = await self._attempt(req, sent, decision, lease, started)
                 if exchange.status < 400:
                     self._affinity.record(features, name)
+                if span is not None:
+                    end_attempt(span, "ok")
                 return exchange
             except _Retryable as failure:
+                if span is not None:
+                    end_attempt(span, failure.reason)
                 self._release(lease, False)
                 log.warning(
                     "request %s: replica %s failed before first byte (%s)",
@@ -134,6 +159,8 @@ class Pipeline:
                 last = failure.client_error
             except BaseException:
                 # Client gone or server stopping: not the replica's fault.
+                if span is not None:
+                    end_attempt(span, "cancelled")
                 self._release(lease, True)
                 raise
             finally:
@@ -229,6 +256,14 @@ class Pipeline:
         """Close the upstream side and feed the outcome back: exactly once per exchange."""
         exchange.close()
         self._release(exchange.lease, ok)
+        if exchange.trace is not None:
+            exchange.trace.set(
+                model=req.model,
+                replica=exchange.lease.replica.name,
+                branch=exchange.decision.branch,
+                stream=req.stream,
+            )
+            exchange.trace.end(status if ok else 502)
         self._metrics.request_done(
             req.model,
             exchange.lease.replica.name,

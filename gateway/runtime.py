@@ -24,6 +24,7 @@ from routing.profile import BUILTIN_PROFILES, PluginSpec, ProfileSpec
 from routing.router import Router
 from routing.types import RoutingError
 from telemetry.metrics import GatewayMetrics
+from telemetry.tracing import Tracing, TracingSettings
 
 log = logging.getLogger("llm_gateway")
 
@@ -70,6 +71,14 @@ class Runtime:
         self.nvml: Nvml | None = None
         self.affinity = Affinity(config.cache_index, self.pool.is_lora)
         self.admission = Admission(config.admission) if config.admission.enabled else None
+        tel = config.telemetry
+        self.tracing: Tracing | None = None
+        if tel.tracing_endpoint:
+            self.tracing = Tracing(
+                TracingSettings(
+                    tel.tracing_endpoint, tel.tracing_sample_ratio, tel.tracing_service_name
+                )
+            )
         self.metrics = GatewayMetrics(
             self.pool.live_rows, self.admission.queue.depth if self.admission else dict
         )
@@ -97,6 +106,7 @@ class Runtime:
             self.metrics,
             self.affinity,
             self.admission,
+            self.tracing,
         )
         checker = HealthChecker(self.config.health_check, session)
         scores = ScoreLoop(
@@ -157,3 +167,6 @@ class Runtime:
         await self._stack.aclose()
         if self._session is not None:
             await self._session.close()
+        if self.tracing is not None:
+            # Flushes the last spans: a blocking HTTP export, kept off the event loop.
+            await asyncio.to_thread(self.tracing.shutdown)

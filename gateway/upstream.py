@@ -12,6 +12,7 @@ import aiohttp
 from gateway.config import UpstreamConfig
 from gateway.replicas import Lease
 from routing.types import Decision
+from telemetry.tracing import RequestTrace
 
 
 def make_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
@@ -55,6 +56,8 @@ class Exchange:
     started: float
     first_byte_at: float = field(default_factory=time.perf_counter)
     complete: bool = False
+    # The request's trace, when traced: ended by Pipeline.finish.
+    trace: RequestTrace | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream's chunks as they arrive, starting with the first; nothing is buffered."""
