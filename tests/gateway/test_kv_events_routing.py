@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import replace
 
 import httpx
@@ -24,19 +26,25 @@ async def test_kv_events_fill_and_clear_the_precise_index() -> None:
         async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
             index = gw.runtime.affinity.prefixes
             subscriber = gw.runtime.kv_events
-            # ZMQ subscriptions join asynchronously: a cache reset (AllBlocksCleared) that
-            # arrives proves the subscription is live and puts each replica in precise mode.
-            for r in fleet.replicas:
-                async with httpx.AsyncClient() as admin:
-                    await admin.post(r.url + "/reset_prefix_cache")
-            await eventually(
-                lambda: (
-                    all(index.mode(r.name) == "precise" for r in fleet.replicas)
-                    if len(index.replicas()) == 2
-                    else False
-                ),
-                what="both replicas precise",
-            )
+            # ZMQ subscriptions join asynchronously, so an event sent before a SUB socket is
+            # live is lost. A cache reset (AllBlocksCleared, published with the next engine
+            # step, as vLLM does) that arrives proves the subscription live and puts the
+            # replica in precise mode: reset and step until it does.
+            tiny = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+            deadline = time.monotonic() + 20
+            async with httpx.AsyncClient() as admin:
+                for r in fleet.replicas:
+                    while r.name not in index.replicas() or index.mode(r.name) != "precise":
+                        assert time.monotonic() < deadline, f"{r.name} never became precise"
+                        await admin.post(r.url + "/reset_prefix_cache")
+                        await admin.post(r.url + "/v1/completions", json=tiny)
+                        with contextlib.suppress(AssertionError):
+                            await eventually(
+                                lambda r=r: (
+                                    r.name in index.replicas() and index.mode(r.name) == "precise"
+                                ),
+                                timeout=0.5,
+                            )
             seen = dict(subscriber.batches)
             body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
             r = await c.post("/v1/completions", json=body)
