@@ -151,9 +151,10 @@ class Engine:
     def fail_all(self, kind: str, message: str) -> None:
         self._fail_all(EngineFailure(kind, message))
 
-    def reset_prefix_cache(self) -> None:
-        self.cache.reset_prefix_cache()
-        self._flush_events()
+    def reset_prefix_cache(self) -> bool:
+        """Like vLLM's: refused while requests hold blocks; AllBlocksCleared is only queued and
+        goes out with the next step's batch (an idle replica publishes nothing until then)."""
+        return self.cache.reset_prefix_cache()
 
     def _fail_all(self, exc: EngineFailure) -> None:
         for r in self.scheduler.clear():

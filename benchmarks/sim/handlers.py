@@ -88,16 +88,27 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             P.parse_body(await request.read()), chat=chat, default_model=rep.served[0]
         )
         if gen.model not in rep.served:
+            # vLLM lists the base model's served names only, never the LoRA adapters.
             raise P.ApiError(
-                404, f"The model `{gen.model}` does not exist.", "NotFoundError", "model"
+                404,
+                f"The model `{gen.model}` does not exist. Valid aliases: {rep.served[0]}.",
+                "NotFoundError",
+                "model",
             )
+        max_len = rep.config.max_model_len
+        P.check_max_tokens(gen, max_len)
         if gen.messages is not None:
-            ids = rep.encode_prompt(rep.template.render(gen.messages), chat=True)
+            text = rep.template.render(gen.messages)
+            P.check_text_length(len(text), max_len, rep.max_chars_per_token)
+            ids = rep.encode_prompt(text, chat=True)
         elif gen.prompt is not None:
+            P.check_text_length(len(gen.prompt), max_len, rep.max_chars_per_token)
             ids = rep.encode_prompt(gen.prompt, chat=False)
         else:
             ids = gen.prompt_ids or []
-        max_tokens = P.check_length(len(ids), gen.max_tokens, rep.config.max_model_len)
+        max_tokens = P.check_length(
+            len(ids), gen.max_tokens, max_len, from_text=gen.prompt_ids is None
+        )
     except P.ApiError as exc:
         return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
     except (SimError, CacheIndexError) as exc:  # e.g. a chat template that raised
@@ -240,18 +251,27 @@ async def _stream(
         if not unfinished:
             break
     if gen.include_usage:
-        await resp.write(frames.usage(_usage(rep, choices)))
+        await resp.write(frames.usage(_usage(rep, choices, chat, stream=True)))
     await resp.write(P.DONE)
     await resp.write_eof()
     return resp
 
 
-def _usage(rep: Replica, choices: list[_Choice]) -> dict[str, Any]:
+def _usage(rep: Replica, choices: list[_Choice], chat: bool, stream: bool) -> dict[str, Any]:
     # The prompt is counted once: vLLM prefills it for the first child, the others hit the cache.
     first = choices[0].req
+    prompt = len(first.prompt_ids)
     cached = first.num_cached_tokens or 0
-    details = cached if rep.config.enable_prompt_tokens_details else None
-    return P.usage(len(first.prompt_ids), sum(c.sent for c in choices), details)
+    cache = rep.engine.cache
+    # vLLM's PrefillStats: full prompt blocks held after prefill, less those that were hits.
+    full = prompt // cache.block_size * cache.block_size if cache.enable_prefix_caching else 0
+    u = P.Usage(
+        prompt,
+        sum(c.sent for c in choices),
+        cached if rep.config.enable_prompt_tokens_details else None,
+        max(0, full - cached),
+    )
+    return P.usage_body(u, chat=chat, stream=stream)
 
 
 async def _unary(
@@ -283,7 +303,9 @@ async def _unary(
            for c in choices]  # fmt: skip
     body = P.chat_body if chat else P.completion_body
     return web.Response(
-        body=body(request_id, int(time.time()), gen.model, out, _usage(rep, choices)),
+        body=body(
+            request_id, int(time.time()), gen.model, out, _usage(rep, choices, chat, stream=False)
+        ),
         content_type=_JSON,
     )
 
@@ -397,8 +419,8 @@ async def restart(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    _rep(request).engine.reset_prefix_cache()
-    return web.Response(status=200)
+    # vLLM answers 200 either way; success is false while a request still holds blocks.
+    return _json({"success": _rep(request).engine.reset_prefix_cache()})
 
 
 async def timings(request: web.Request) -> web.Response:

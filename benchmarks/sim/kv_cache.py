@@ -149,8 +149,10 @@ class KVCache:
                     self._lru[b] = None
         alloc.blocks.clear()
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (pinned blocks stay pinned) and announce it."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash and announce it; refused (False) while a block is pinned."""
+        if any(self._ref):
+            return False
         for b in self._lru:
             self._plain.append(b)
         self._lru.clear()
@@ -158,6 +160,7 @@ class KVCache:
             self._hash[i] = None
         self._by_hash.clear()
         self._events.append(AllBlocksCleared())
+        return True
 
     def clear(self) -> None:
         """Engine restart: every block free and uncached (callers drop their allocations)."""

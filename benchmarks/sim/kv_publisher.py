@@ -86,11 +86,15 @@ class KvPublisher:
             if len(frames) != 3:
                 continue  # not a DEALER request in vLLM's form; ignore like vLLM does
             client, _, start = frames
-            start_seq = int.from_bytes(start, "big", signed=True)
+            start_seq = int.from_bytes(start, "big")  # unsigned, as vLLM reads it
+            # vLLM's replay frames carry the topic: (b"", topic, seq, payload) at the DEALER;
+            # the end marker has an empty topic and payload.
             for seq, payload in list(self._buffer):
                 if seq >= start_seq:
-                    await self._router.send_multipart((client, b"", encode_seq(seq), payload))
-            await self._router.send_multipart((client, b"", END_SEQ, b""))
+                    await self._router.send_multipart(
+                        (client, b"", self._topic, encode_seq(seq), payload)
+                    )
+            await self._router.send_multipart((client, b"", b"", END_SEQ, b""))
 
     async def close(self) -> None:
         if self._task is not None:

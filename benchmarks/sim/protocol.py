@@ -44,9 +44,19 @@ def bad_request(message: str, param: str | None = None, value: object = None) ->
     return ApiError(400, message, "BadRequestError", param)
 
 
-def invalid(message: str) -> ApiError:
+def invalid(message: str, param: str | None = None) -> ApiError:
     """A pydantic/FastAPI RequestValidationError: vLLM's handler types it with the phrase."""
-    return ApiError(400, message, "Bad Request")
+    return ApiError(400, message, "Bad Request", param)
+
+
+def missing_field(name: str, body: dict[str, Any]) -> ApiError:
+    """A required body field absent: vLLM renders pydantic's error dict, input summarised."""
+    error = {"type": "missing", "loc": f"body.{name}", "msg": "Field required",
+             "input": f"<dict of {len(body)} items>"}  # fmt: skip
+    return invalid(f"1 validation error:\n  {error}", f"body.{name}")
+
+
+_EMPTY_CHAT = "Cannot apply chat template to an empty conversation. Provide at least one message."
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +68,7 @@ class GenRequest:
     prompt_ids: list[int] | None
     messages: list[dict[str, Any]] | None
     max_tokens: int | None
+    max_tokens_param: str  # the field max_tokens came from: named in vLLM's messages
     n: int
     stream: bool
     include_usage: bool
@@ -98,27 +109,38 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
     messages: list[dict[str, Any]] | None = None
     if chat:
         msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-            raise invalid("messages must be a non-empty list of message objects")
+        if msgs is None:
+            raise missing_field("messages", body)
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise invalid("messages must be a list of message objects", "body.messages")
+        if not msgs:
+            raise ApiError(400, _EMPTY_CHAT, "BadRequestError")
         messages = msgs
-        max_tokens = _int(body, "max_completion_tokens", None, 1)
+        param = "max_completion_tokens"
+        max_tokens = _int(body, param, None, 1)
         if max_tokens is None:
-            max_tokens = _int(body, "max_tokens", None, 1)
+            param = "max_tokens"
+            max_tokens = _int(body, param, None, 1)
     else:
         p = body.get("prompt")
+        if p is None or p == "":
+            # CompletionRequest's model validator raises a VLLMValidationError, which vLLM's
+            # handler answers as itself, not as FastAPI's "Bad Request".
+            raise bad_request(
+                "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+            )
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
             p = p[0]  # a batch of one prompt
         if isinstance(p, str):
-            prompt = p
+            prompt = p  # [""] is a batch of one empty prompt: vLLM accepts it
         elif isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p):
             prompt_ids = list(p)
-        elif p is None:
-            raise invalid("Either prompt or prompt_embeds must be provided.")
-        elif p == "" or p == []:
-            raise bad_request("Prompt cannot be empty")
+        elif p == []:
+            raise ApiError(400, "You must pass at least one prompt", "BadRequestError")
         else:
             raise invalid("prompt must be a string, a list of token ids, or a batch of one")
-        max_tokens = _int(body, "max_tokens", 16, 1)
+        param = "max_tokens"
+        max_tokens = _int(body, param, 16, 1)
     n = _int(body, "n", 1, 1) or 1
     stream = body.get("stream") is True
     opts = body.get("stream_options")
@@ -145,6 +167,7 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
         prompt_ids=prompt_ids,
         messages=messages,
         max_tokens=max_tokens,
+        max_tokens_param=param,
         n=n,
         stream=stream,
         include_usage=bool(opts and opts.get("include_usage")),
@@ -155,37 +178,98 @@ def parse_gen(body: dict[str, Any], *, chat: bool, default_model: str) -> GenReq
     )
 
 
-def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> int:
-    """vLLM's context-length checks; returns the effective max_tokens."""
-    if prompt_len >= max_model_len:
+def check_max_tokens(gen: GenRequest, max_model_len: int) -> None:
+    """vLLM's TokenizeParams check, made before the prompt is tokenized."""
+    k = gen.max_tokens
+    if k is not None and k > max_model_len:
+        raise bad_request(
+            f"{gen.max_tokens_param}={k} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            gen.max_tokens_param,
+            k,
+        )
+
+
+def check_text_length(chars: int, max_model_len: int, max_chars_per_token: int | None) -> None:
+    """vLLM's character pre-check of prompt text: no token can be longer than the longest
+    vocabulary entry, so longer text cannot fit. Skipped when the vocabulary is open-ended."""
+    if max_chars_per_token is None:
+        return
+    limit = max_model_len * max_chars_per_token
+    if chars > limit:
         raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, your "
-            f"request has {prompt_len} input tokens. Please reduce the length of the input "
-            "messages.",
-            "input_tokens",
-            prompt_len,
+            f"prompt contains {chars} characters (more than {limit} characters, which is the "
+            f"upper bound for {max_model_len} input tokens). Please reduce the length of the "
+            "input prompt.",
+            "input_text",
+            chars,
         )
-    if max_tokens is None:
-        return max_model_len - prompt_len
-    if prompt_len + max_tokens > max_model_len:
+
+
+def check_length(
+    prompt_len: int, max_tokens: int | None, max_model_len: int, *, from_text: bool
+) -> int:
+    """vLLM's prompt-length check; returns the effective max_tokens (clamped to the context).
+
+    vLLM tokenizes text with truncation at max_model_len + 1, so a long text prompt counts as
+    "at least" that; token ids are counted in full (the qualifier still shows at exactly +1).
+    """
+    over = max_model_len + 1
+    count = min(prompt_len, over) if from_text else prompt_len
+    if count > max_model_len:
+        qualifier = "at least " if count == over else ""
         raise bad_request(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-            f"maximum context length is {max_model_len} tokens and your request has "
-            f"{prompt_len} input tokens ({max_tokens} > {max_model_len} - {prompt_len}).",
-            "max_tokens",
-            max_tokens,
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+            count,
         )
-    return max_tokens
+    room = max_model_len - prompt_len
+    effective = room if max_tokens is None else min(room, max_tokens)
+    if effective < 1:
+        # A prompt of exactly max_model_len leaves 0 tokens; SamplingParams refuses that.
+        raise bad_request(f"max_tokens must be at least 1, got {effective}.", "max_tokens", 0)
+    return effective
 
 
-def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
-    """Non-streamed usage; vLLM sets prompt_tokens_details only when some tokens were cached."""
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached} if cached else None,
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one answer; ``cached`` is None when prompt-token details are off."""
+
+    prompt: int
+    completion: int
+    cached: int | None
+    created: int = 0  # prompt tokens this request wrote to the prefix cache
+
+
+def usage_body(u: Usage, *, chat: bool, stream: bool) -> dict[str, Any]:
+    """``usage`` as vLLM 0.32 dumps it: each route builds and serialises it its own way.
+
+    Non-streamed bodies dump every field (None included); the streamed completion usage chunk
+    is dumped with exclude_unset (only cached_tokens was set), streamed chat with exclude_none.
+    Completions never report created_cache_tokens; chat does.
+    """
+    out: dict[str, Any] = {
+        "prompt_tokens": u.prompt,
+        "total_tokens": u.prompt + u.completion,
+        "completion_tokens": u.completion,
     }
+    details: dict[str, Any] | None = None
+    if u.cached is not None:
+        details = {"cached_tokens": u.cached}
+        if chat:
+            details["created_cache_tokens"] = u.created
+        if not stream:
+            details.setdefault("created_cache_tokens", None)
+            details["multimodal_tokens"] = None
+    if not stream:
+        out["prompt_tokens_details"] = details
+        out["completion_tokens_details"] = None
+    elif details is not None:
+        out["prompt_tokens_details"] = details
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +325,6 @@ class StreamFrames:
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def usage(self, u: dict[str, Any]) -> bytes:
-        # vLLM dumps the usage chunk with exclude_none: an unset prompt_tokens_details vanishes.
-        u = {k: v for k, v in u.items() if v is not None}
         return b"data: " + orjson.dumps({**self._top, "choices": [], "usage": u}) + b"\n\n"
 
 

@@ -15,7 +15,7 @@ from benchmarks.sim.config import Faults, SimConfig
 from benchmarks.sim.engine import Engine
 from benchmarks.sim.kv_publisher import KvPublisher, binds
 from benchmarks.sim.metrics import Gauges, render
-from benchmarks.sim.text import OutputVocab
+from benchmarks.sim.text import OutputVocab, max_chars_per_token
 from cache_index.chat_template import ChatTemplate
 from cache_index.kv_events import KvEvent
 from cache_index.tokenizer import HFTokenizer, Tokenizer
@@ -50,6 +50,7 @@ class Replica:
         self.faults: Faults = config.faults
         self.rng = random.Random(config.seed + index)
         self.served = (config.model, *config.lora_adapters)
+        self.max_chars_per_token = max_chars_per_token(config.tokenizer)
         self.created = int(time.time())
         self.inflight = 0
         self.publisher: KvPublisher | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 import xxhash
@@ -67,3 +69,18 @@ class OutputVocab:
     def token_ids(self, offset: int, start: int, stop: int) -> list[int]:
         n = len(self.ids)
         return [self.ids[(offset + i * 7) % n] for i in range(start, stop)]
+
+
+@functools.cache
+def max_chars_per_token(tokenizer_path: str | None) -> int | None:
+    """Longest vocabulary entry (added tokens included), as vLLM bounds prompt text with it;
+    None for the builtin tokenizer, whose pieces have no length bound."""
+    if tokenizer_path is None:
+        return None
+    from tokenizers import Tokenizer as _HF
+
+    file = tokenizer_path
+    if os.path.isdir(file):
+        file = os.path.join(file, "tokenizer.json")
+    vocab = _HF.from_file(file).get_vocab(with_added_tokens=True)
+    return max(map(len, vocab), default=None)

@@ -117,8 +117,13 @@ async def complete(
 
 
 def cached_tokens(usage: dict[str, Any]) -> int:
-    details = usage.get("prompt_tokens_details")
-    return 0 if details is None else int(details["cached_tokens"])
+    """With --enable-prompt-tokens-details vLLM always reports it, 0 on a cold prompt."""
+    return int(usage["prompt_tokens_details"]["cached_tokens"])
+
+
+def full_blocks(num_tokens: int, block_size: int) -> int:
+    """Tokens in the full blocks of a prompt: what prefill leaves in the prefix cache."""
+    return num_tokens // block_size * block_size
 
 
 # --- SSE ---------------------------------------------------------------------------------

@@ -1,21 +1,16 @@
-"""Error bodies, as vLLM builds them.
+"""Error bodies, as vLLM 0.32.0 builds them (checked against a real replica, tests/vllm).
 
-From vLLM's source (vllm/entrypoints/openai/engine/serving.py, .../serve/utils/
-server_utils.py, vllm/exceptions.py):
 - every error is ``ErrorResponse{error: ErrorInfo{message, type, param, code: int}}`` with
   ``code`` = the HTTP status;
-- unknown model (``_check_model``): 404, type ``NotFoundError``, param ``"model"``, message
-  ``The model `<name>` does not exist.``;
-- prompt too long (``_validate_input`` / the renderer): ``VLLMValidationError`` -> 400
-  ``BadRequestError``, param ``"input_tokens"``, message ``This model's maximum context
-  length is N tokens. However, your request has M input tokens. ... (parameter=input_tokens,
-  value=M)``;
-- prompt + max_tokens too long: 400 ``BadRequestError``, param ``"max_tokens"``, message
-  starting ``'max_tokens' or 'max_completion_tokens' is too large: K.``;
-- bad JSON / missing required field: FastAPI's ``RequestValidationError`` ->
-  ``validation_exception_handler`` -> 400, type ``HTTPStatus.BAD_REQUEST.phrase`` i.e.
-  ``"Bad Request"`` (param: null in older releases, the pydantic location such as
-  ``body.messages`` in newer ones);
+- unknown model (``_check_model``): 404 ``NotFoundError``, param ``"model"``, message
+  ``The model `<name>` does not exist. Valid aliases: <base served names>.``;
+- a ``VLLMValidationError`` is 400 ``BadRequestError`` and its str() appends
+  ``(parameter=..., value=...)``: missing/empty prompt, max_tokens > max_model_len
+  (TokenizeParams), a prompt over max_model_len (the renderer's length check, after
+  tokenizing with truncation at max_model_len + 1), max_tokens < 1 (SamplingParams);
+- prompt + max_tokens over max_model_len is not an error: max_tokens is clamped;
+- bad JSON / missing required field: FastAPI's ``RequestValidationError`` -> 400, type
+  ``"Bad Request"``, param the cleaned pydantic location such as ``body.messages``;
 - unknown path / wrong method: Starlette's router answers 404 / 405 before any vLLM handler
   (its handler is bound to FastAPI's HTTPException subclass), so only the status is part of
   the interface.
@@ -55,19 +50,41 @@ async def test_bad_json(client: httpx.AsyncClient) -> None:
 async def test_missing_messages(client: httpx.AsyncClient, target: Target) -> None:
     resp = await client.post("/v1/chat/completions", json={"model": target.model, "max_tokens": 2})
     error = _error(resp, 400)
+    # FastAPI's RequestValidationError, rendered by vLLM from pydantic's error dicts.
     assert error["type"] == "Bad Request"
-    assert error["param"] is None or "messages" in error["param"]
+    assert error["param"] == "body.messages"
+    assert error["message"] == (
+        "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', "
+        "'msg': 'Field required', 'input': '<dict of 2 items>'}"
+    )
+
+
+async def test_empty_messages(client: httpx.AsyncClient, target: Target) -> None:
+    body = {"model": target.model, "messages": [], "max_tokens": 2}
+    error = _error(await client.post("/v1/chat/completions", json=body), 400)
+    assert (error["type"], error["param"]) == ("BadRequestError", None)
+    assert error["message"] == (
+        "Cannot apply chat template to an empty conversation. Provide at least one message."
+    )
 
 
 async def test_missing_prompt(client: httpx.AsyncClient, target: Target) -> None:
-    resp = await client.post("/v1/completions", json={"model": target.model, "max_tokens": 2})
-    error = _error(resp, 400)
-    # CompletionRequest's model validator raises ("Either prompt or prompt_embeds must be
-    # provided"), which FastAPI turns into a RequestValidationError.
-    assert error["type"] == "Bad Request"
+    # CompletionRequest's model validator raises a VLLMValidationError, which vLLM answers
+    # as itself (not as FastAPI's "Bad Request"); an empty string is refused the same way.
+    for extra in ({}, {"prompt": ""}):
+        body = {"model": target.model, "max_tokens": 2, **extra}
+        error = _error(await client.post("/v1/completions", json=body), 400)
+        assert (error["type"], error["param"]) == ("BadRequestError", "prompt")
+        assert error["message"] == (
+            "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)"
+        )
+    body = {"model": target.model, "max_tokens": 2, "prompt": []}
+    error = _error(await client.post("/v1/completions", json=body), 400)
+    assert (error["type"], error["param"]) == ("BadRequestError", None)
+    assert error["message"] == "You must pass at least one prompt"
 
 
-async def test_unknown_model(client: httpx.AsyncClient, prompts: Prompts) -> None:
+async def test_unknown_model(client: httpx.AsyncClient, target: Target, prompts: Prompts) -> None:
     for path, extra in (
         ("/v1/completions", {"prompt": prompts.text(5)}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
@@ -76,45 +93,96 @@ async def test_unknown_model(client: httpx.AsyncClient, prompts: Prompts) -> Non
         error = _error(resp, 404)
         assert error["type"] == "NotFoundError"
         assert error["param"] == "model"
-        assert error["message"] == "The model `no-such-model` does not exist."
+        # Only the base model's served names are listed, not the LoRA adapters.
+        assert error["message"] == (
+            f"The model `no-such-model` does not exist. Valid aliases: {target.model}."
+        )
+
+
+def _too_long(max_model_len: int, count: str) -> str:
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+        f"contains {count} input tokens, which exceeds this limit even without any output "
+        "tokens. Please reduce the length of the input prompt."
+    )
 
 
 async def test_prompt_longer_than_max_model_len(
     client: httpx.AsyncClient, target: Target, prompts: Prompts
 ) -> None:
-    text, ids = await prompt_of(client, target, prompts, target.max_model_len + 8)
-    resp = await client.post(
-        "/v1/completions", json={"model": target.model, "prompt": text, "max_tokens": 2}
-    )
-    error = _error(resp, 400)
-    assert error["type"] == "BadRequestError"
+    n = target.max_model_len
+    text, ids = await prompt_of(client, target, prompts, n + 8)
+    # Text is tokenized with truncation at max_model_len + 1: the count is "at least" that.
+    for path, extra in (
+        ("/v1/completions", {"prompt": text}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+    ):
+        resp = await client.post(path, json={"model": target.model, "max_tokens": 2, **extra})
+        error = _error(resp, 400)
+        assert (error["type"], error["param"]) == ("BadRequestError", "input_tokens")
+        assert error["message"] == (
+            _too_long(n, f"at least {n + 1}") + f" (parameter=input_tokens, value={n + 1})"
+        )
+    # Token ids are counted in full.
+    long_ids = (ids * 2)[: n + 5]
+    body = {"model": target.model, "prompt": long_ids, "max_tokens": 2}
+    error = _error(await client.post("/v1/completions", json=body), 400)
     assert error["param"] == "input_tokens"
-    assert f"maximum context length is {target.max_model_len} tokens" in error["message"]
-    assert f"{len(ids)} input tokens" in error["message"]
-    # str(VLLMValidationError) appends its parameter and value.
-    assert error["message"].endswith(f"(parameter=input_tokens, value={len(ids)})")
+    assert (
+        error["message"] == _too_long(n, str(n + 5)) + f" (parameter=input_tokens, value={n + 5})"
+    )
+    # A prompt of exactly max_model_len leaves no room for output: SamplingParams refuses it.
+    body = {"model": target.model, "prompt": ids[:n], "max_tokens": 2}
+    error = _error(await client.post("/v1/completions", json=body), 400)
+    assert (error["type"], error["param"]) == ("BadRequestError", "max_tokens")
+    assert (
+        error["message"] == "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"
+    )
 
 
 async def test_max_tokens_too_large(
     client: httpx.AsyncClient, target: Target, prompts: Prompts
 ) -> None:
-    text, ids = await prompt_of(client, target, prompts, 8)
-    too_many = target.max_model_len - len(ids) + 1
+    n = target.max_model_len
+    text = prompts.text(8)
+    for path, field, extra in (
+        ("/v1/completions", "max_tokens", {"prompt": text}),
+        ("/v1/chat/completions", "max_tokens", {"messages": [{"role": "user", "content": text}]}),
+        (
+            "/v1/chat/completions",
+            "max_completion_tokens",
+            {"messages": [{"role": "user", "content": text}]},
+        ),
+    ):
+        resp = await client.post(path, json={"model": target.model, field: n + 1, **extra})
+        error = _error(resp, 400)
+        assert (error["type"], error["param"]) == ("BadRequestError", field)
+        assert error["message"] == (
+            f"{field}={n + 1} cannot be greater than max_model_len={n}. Please request fewer "
+            f"output tokens. (parameter={field}, value={n + 1})"
+        )
+
+
+async def test_prompt_plus_max_tokens_over_the_context_is_clamped(
+    client: httpx.AsyncClient, target: Target, prompts: Prompts
+) -> None:
+    # Only max_tokens alone above max_model_len is refused: otherwise the output is cut at
+    # the end of the context. A long prompt keeps the generation short on a CPU replica.
+    n = target.max_model_len
+    text, ids = await prompt_of(client, target, prompts, n - 48)
+    assert len(ids) < n - 16, len(ids)
     for path, extra in (
         ("/v1/completions", {"prompt": text}),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
     ):
-        resp = await client.post(
-            path, json={"model": target.model, "max_tokens": too_many, **extra}
-        )
-        error = _error(resp, 400)
-        assert error["type"] == "BadRequestError"
-        assert error["param"] == "max_tokens"
-        assert error["message"].startswith(
-            f"'max_tokens' or 'max_completion_tokens' is too large: {too_many}."
-        )
-        assert f"maximum context length is {target.max_model_len} tokens" in error["message"]
-        assert error["message"].endswith(f"(parameter=max_tokens, value={too_many})")
+        body = {"model": target.model, "max_tokens": n, "ignore_eos": True, **extra}
+        resp = await client.post(path, json=body)
+        assert resp.status_code == 200, resp.text
+        out = resp.json()
+        assert out["choices"][0]["finish_reason"] == "length"
+        usage = out["usage"]
+        assert usage["total_tokens"] == n
+        assert usage["completion_tokens"] == n - usage["prompt_tokens"] > 0
 
 
 async def test_max_tokens_exactly_fitting_is_accepted(

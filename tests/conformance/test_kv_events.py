@@ -2,12 +2,14 @@
 
 Framing per vllm/distributed/kv_events.py (ZmqEventPublisher): ``(topic, seq.to_bytes(8,
 "big"), msgpack payload)``, seq counting 0, 1, 2...; replay over ROUTER: send the start seq
-after an empty delimiter, get ``(b"", seq, payload)`` per buffered batch, then
-``(b"", (-1).to_bytes(8, "big", signed=True), b"")``.
+after an empty delimiter, get ``(b"", topic, seq, payload)`` per buffered batch, then
+``(b"", b"", (-1).to_bytes(8, "big", signed=True), b"")``. Events go out once per engine
+step, so a prefix-cache reset's AllBlocksCleared waits for the next step (the next request).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
@@ -166,14 +168,29 @@ async def test_reset_prefix_cache_clears_all(
 ) -> None:
     text, ids = await prompt_of(client, target, prompts, 2 * target.block_size + 2)
     await complete(client, target, text, max_tokens=1)
-    seen = len(await sub.until(lambda evs: bool(chain_for(evs, ids, target.block_size)), "stored"))
+    await sub.until(lambda evs: bool(chain_for(evs, ids, target.block_size)), "stored")
+    seen = len(sub.messages)
     resp = await client.post("/reset_prefix_cache")
     assert resp.status_code == 200, resp.text
-    await sub.until(
-        lambda evs: any(isinstance(e, AllBlocksCleared) for e in evs[seen:]), "AllBlocksCleared"
-    )
+    assert resp.json() == {"success": True}
+    # Nothing is published until the engine steps again: an idle replica stays silent.
+    deadline = time.monotonic() + 0.5
+    while (left := deadline - time.monotonic()) > 0:
+        await sub.recv(left)
+    assert len(sub.messages) == seen, [m.batch for m in sub.messages[seen:]]
     again = await complete(client, target, text, max_tokens=1)
     assert cached_tokens(again["usage"]) == 0
+
+    # The queued AllBlocksCleared leads the batch of that next step, before its blocks.
+    def since_reset() -> list[KvEvent]:
+        return [e for m in sub.messages[seen:] for e in m.batch.events]
+
+    await sub.until(
+        lambda _: bool(chain_for(since_reset(), ids, target.block_size)), "the prompt stored again"
+    )
+    events = since_reset()
+    assert isinstance(events[0], AllBlocksCleared), events
+    assert not any(isinstance(e, AllBlocksCleared) for e in events[1:]), events
 
 
 async def test_replay_returns_buffered_batches(
@@ -184,6 +201,7 @@ async def test_replay_returns_buffered_batches(
     await complete(client, target, text, max_tokens=1)
     await sub.until(lambda evs: bool(chain_for(evs, ids, target.block_size)), "stored")
     live = {m.seq: m.frames[2] for m in sub.messages}
+    (topic,) = {m.frames[0] for m in sub.messages}
     start = min(live)
     ctx = zmq.asyncio.Context()
     dealer = ctx.socket(zmq.DEALER)
@@ -194,12 +212,15 @@ async def test_replay_returns_buffered_batches(
         replayed: dict[int, bytes] = {}
         while True:
             assert await dealer.poll(timeout=10_000), "replay did not answer"
-            empty, seq_frame, payload = await dealer.recv_multipart()
+            frames = await dealer.recv_multipart()
+            assert len(frames) == 4, frames
+            empty, frame_topic, seq_frame, payload = frames
             assert empty == b""
             seq = decode_seq(seq_frame)
             if seq == -1:
-                assert payload == b""
+                assert (frame_topic, payload) == (b"", b"")
                 break
+            assert frame_topic == topic
             decode_batch(payload)
             replayed[seq] = payload
     finally:

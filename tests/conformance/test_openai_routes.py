@@ -1,9 +1,10 @@
 """Non-streamed OpenAI routes and the side routes, shape by shape.
 
 Shapes follow vLLM's pydantic models (vllm/entrypoints/openai/*/protocol.py): ids are
-``cmpl-<uuid>`` / ``chatcmpl-<uuid>``; ``usage.prompt_tokens_details`` is null unless some
-prompt tokens were cached (serving code: ``if enable_prompt_tokens_details and
-num_cached_tokens``).
+``cmpl-<uuid>`` / ``chatcmpl-<uuid>``. With ``--enable-prompt-tokens-details``,
+``usage.prompt_tokens_details`` is always an object (``cached_tokens`` 0 on a cold prompt):
+completions leave ``created_cache_tokens`` null, chat reports the prompt tokens the request
+wrote to the prefix cache (its full blocks less the hits); ``multimodal_tokens`` is null.
 """
 
 from __future__ import annotations
@@ -12,10 +13,25 @@ from typing import Any
 
 import httpx
 
-from tests.conformance.helpers import Prompts, Target, cached_tokens, complete, prompt_of
+from tests.conformance.helpers import (
+    Prompts,
+    Target,
+    cached_tokens,
+    complete,
+    full_blocks,
+    prompt_of,
+)
 
 
 def _check_usage(usage: dict[str, Any], completion_tokens: int) -> None:
+    assert list(usage) == [
+        "prompt_tokens",
+        "total_tokens",
+        "completion_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    ]
+    assert usage["completion_tokens_details"] is None
     assert isinstance(usage["prompt_tokens"], int) and usage["prompt_tokens"] > 0
     assert usage["completion_tokens"] == completion_tokens
     assert usage["total_tokens"] == usage["prompt_tokens"] + completion_tokens
@@ -38,13 +54,15 @@ async def test_completion_shape(
     assert "stop_reason" in choice and choice["stop_reason"] is None
     _check_usage(first["usage"], 7)
     assert first["usage"]["prompt_tokens"] == len(ids)
-    assert first["usage"].get("prompt_tokens_details") is None
+    cold = {"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert first["usage"]["prompt_tokens_details"] == cold
 
     second = await complete(client, target, text, max_tokens=7)
     assert second["id"] != first["id"]
     details = second["usage"]["prompt_tokens_details"]
-    assert set(details) >= {"cached_tokens"}
-    assert details["cached_tokens"] > 0 and details["cached_tokens"] % target.block_size == 0
+    cached = details["cached_tokens"]
+    assert details == {**cold, "cached_tokens": cached}
+    assert cached > 0 and cached % target.block_size == 0
 
 
 async def test_chat_completion_shape(
@@ -72,7 +90,23 @@ async def test_chat_completion_shape(
     assert "logprobs" in choice and choice["logprobs"] is None
     assert choice["finish_reason"] == "length"
     assert "stop_reason" in choice
-    _check_usage(out["usage"], 5)
+    usage = out["usage"]
+    _check_usage(usage, 5)
+    full = full_blocks(usage["prompt_tokens"], target.block_size)
+    assert usage["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": full,
+        "multimodal_tokens": None,
+    }
+
+    again = (await client.post("/v1/chat/completions", json=body)).json()["usage"]
+    cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0 and cached % target.block_size == 0
+    assert again["prompt_tokens_details"] == {
+        "cached_tokens": cached,
+        "created_cache_tokens": full - cached,
+        "multimodal_tokens": None,
+    }
 
 
 async def test_max_tokens_honoured(

@@ -1,8 +1,10 @@
 """SSE framing, byte for byte, of streamed completions and chat completions.
 
 vLLM writes ``f"data: {json}\\n\\n"`` per chunk and ``"data: [DONE]\\n\\n"`` last; the usage
-chunk (``stream_options.include_usage``) has ``choices: []`` and is dumped with
-``exclude_none`` so ``prompt_tokens_details`` is absent unless tokens were cached.
+chunk (``stream_options.include_usage``) has ``choices: []``. With
+``--enable-prompt-tokens-details`` its ``prompt_tokens_details`` is always there: completions
+dump it with ``exclude_unset`` (``{"cached_tokens": N}`` only), chat with ``exclude_none``
+(``cached_tokens`` and ``created_cache_tokens``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tests.conformance.helpers import (
     Prompts,
     SseStream,
     Target,
+    full_blocks,
     parse_sse,
     prompt_of,
     read_stream,
@@ -115,10 +118,14 @@ async def test_completion_include_usage_and_cached_tokens(
     assert usage["prompt_tokens"] == len(ids)
     assert usage["completion_tokens"] == 4
     assert usage["total_tokens"] == len(ids) + 4
-    assert "prompt_tokens_details" not in usage
+    keys = ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details"]
+    assert list(usage) == keys
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0}
 
     again, _ = await _usage_stream(client, "/v1/completions", body)
+    assert list(again) == keys
     cached = again["prompt_tokens_details"]["cached_tokens"]
+    assert again["prompt_tokens_details"] == {"cached_tokens": cached}
     assert cached > 0 and cached % target.block_size == 0
     assert cached <= len(ids)
 
@@ -136,8 +143,14 @@ async def test_chat_include_usage(
     assert usage["completion_tokens"] == 3
     assert usage["total_tokens"] == usage["prompt_tokens"] + 3
     assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    full = full_blocks(usage["prompt_tokens"], target.block_size)
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 0, "created_cache_tokens": full}
 
     again, _ = await _usage_stream(client, "/v1/chat/completions", body)
     assert again["prompt_tokens"] == usage["prompt_tokens"]
     cached = again["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and cached % target.block_size == 0
+    assert again["prompt_tokens_details"] == {
+        "cached_tokens": cached,
+        "created_cache_tokens": full - cached,
+    }

@@ -233,11 +233,11 @@ async def test_bad_input_is_invalid_argument(stack: Stack) -> None:
         # Validated by the replica: its 400 message reaches the client unchanged.
         (
             stub.Complete(pb.CompletionRequest(model=MODEL, text="x", max_tokens=100_000)),
-            "maximum context length is 8192 tokens",
+            "cannot be greater than max_model_len=8192",
         ),
         (
             stub.StreamComplete(pb.CompletionRequest(model=MODEL, text="x", max_tokens=100_000)),
-            "maximum context length is 8192 tokens",
+            "cannot be greater than max_model_len=8192",
         ),
         (
             stub.Complete(

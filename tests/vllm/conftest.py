@@ -130,6 +130,8 @@ async def reset_caches(fleet: VllmFleet, client: httpx.AsyncClient) -> None:
     for r in fleet.replicas:
 
         async def reset(url: str = r.url) -> bool:
-            return (await client.post(url + "/reset_prefix_cache")).status_code == 200
+            r = await client.post(url + "/reset_prefix_cache")
+            # vLLM answers 200 either way; {"success": false} while a request holds blocks.
+            return r.status_code == 200 and r.json().get("success") is not False
 
         await wait_until(reset, f"/reset_prefix_cache on {r.name}")

@@ -1,98 +1,120 @@
-"""vLLM 0.32.0's behaviour where it differs from tests/conformance (KNOWN_DIFFERENCES there):
-pinned here so the list stays true, and so an engine upgrade shows what changed."""
+"""The simulator answers as vLLM 0.32.0 does: the same requests to a real replica and to a
+simulator with the same model name, tokenizer, block size and context length, compared.
+
+Error bodies must be identical; usage objects too (same tokenizer, so the same token counts,
+cache hits and cache writes). Complements the black-box conformance suite, which checks each
+target against expectations: here a drift of either side shows up as a concrete diff.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
+import orjson
 import pytest
-import zmq
-import zmq.asyncio
+import pytest_asyncio
 
+from benchmarks.sim import SimConfig, SimFleet
 from benchmarks.vllm_cpu import VllmFleet
-from cache_index.kv_events import AllBlocksCleared, decode_batch, decode_seq, encode_seq
-from tests.conformance.helpers import KvSubscriber, Prompts, Target, complete, prompt_of
-from tests.vllm.conftest import TIMEOUT_S, reset_caches
+from tests.conformance.helpers import parse_sse
+from tests.vllm.conftest import TIMEOUT_S
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 
-
-def _target(fleet: VllmFleet) -> Target:
-    r = fleet.replicas[0]
-    return Target(r.url, fleet.model, fleet.lora_name, r.kv_events_endpoint, fleet.block_size,
-                  fleet.max_model_len, "vllm", r.replay_endpoint)  # fmt: skip
+Pair = tuple[httpx.AsyncClient, httpx.AsyncClient]
 
 
-async def test_error_bodies(fleet: VllmFleet) -> None:
-    async with httpx.AsyncClient(base_url=fleet.replicas[0].url, timeout=60.0) as c:
-        missing = (await c.post("/v1/completions", json={"model": fleet.model})).json()["error"]
-        assert (missing["type"], missing["param"], missing["code"]) == (
-            "BadRequestError",
-            "prompt",
-            400,
-        )
-        body = {"model": "nope", "prompt": "hi", "max_tokens": 1}
-        unknown = (await c.post("/v1/completions", json=body)).json()["error"]
-        assert (
-            unknown["message"] == f"The model `nope` does not exist. Valid aliases: {fleet.model}."
-        )
-        long = {"model": fleet.model, "prompt": "alpha " * 2 * fleet.max_model_len, "max_tokens": 1}
-        too_long = (await c.post("/v1/completions", json=long)).json()["error"]
-        over = fleet.max_model_len + 1
-        assert f"your prompt contains at least {over} input tokens" in too_long["message"]
-        assert too_long["message"].endswith(f"(parameter=input_tokens, value={over})")
-        # prompt + max_tokens over the context is clamped, not refused.
-        fits = {"model": fleet.model, "prompt": "hi", "max_tokens": fleet.max_model_len - 1,
-                "ignore_eos": True}  # fmt: skip
-        resp = await c.post("/v1/completions", json=fits)
-        assert resp.status_code == 200, resp.text
-        assert resp.json()["usage"]["total_tokens"] == fleet.max_model_len
+@pytest_asyncio.fixture(loop_scope="package")
+async def pair(fleet: VllmFleet) -> AsyncIterator[Pair]:
+    """Clients to replica 0 of the real fleet and to a simulator configured like it."""
+    cfg = SimConfig(
+        model=fleet.model,
+        lora_adapters=(fleet.lora_name,) if fleet.lora_name else (),
+        max_model_len=fleet.max_model_len,
+        block_size=fleet.block_size,
+        num_gpu_blocks=fleet.num_gpu_blocks,
+        tokenizer=str(fleet.model_dir),
+        time_scale=100.0,
+        kv_events=False,
+    )
+    async with (
+        SimFleet(cfg, replicas=1, host="127.0.0.1", base_port=0) as sims,
+        httpx.AsyncClient(base_url=fleet.replicas[0].url, timeout=60.0) as real,
+        httpx.AsyncClient(base_url=sims.replicas[0].url, timeout=60.0) as sim,
+    ):
+        yield real, sim
 
 
-async def test_prompt_tokens_details_present_on_a_cold_prompt(fleet: VllmFleet) -> None:
-    target = _target(fleet)
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=60.0) as c:
-        text, _ = await prompt_of(c, target, Prompts("cold", f"cold{time.time_ns()}"), 64)
-        usage = (await complete(c, target, text))["usage"]
-        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+async def _both(pair: Pair, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
+    out = []
+    for client in pair:
+        resp = await client.post(path, json=body)
+        out.append((resp.status_code, resp.json()))
+    return out[0], out[1]
 
 
-async def test_all_blocks_cleared_waits_for_the_next_step_and_replay_has_the_topic(
-    fleet: VllmFleet,
-) -> None:
-    target = _target(fleet)
-    assert target.zmq_endpoint and target.replay_endpoint
-    prompts = Prompts("kv", f"kv{time.time_ns()}")
-    sub = KvSubscriber(target.zmq_endpoint)
-    try:
-        async with httpx.AsyncClient(base_url=target.base_url, timeout=60.0) as c:
-            await sub.make_live(c, target, prompts)
-            await reset_caches(fleet, c)
-            seen = len(sub.events)
-            deadline = time.monotonic() + 1.0
-            while (left := deadline - time.monotonic()) > 0:
-                await sub.recv(left)
-            cleared = [e for e in sub.events[seen:] if isinstance(e, AllBlocksCleared)]
-            assert not cleared, "AllBlocksCleared came before any engine step"
-            text, _ = await prompt_of(c, target, prompts, 40)
-            await complete(c, target, text, max_tokens=1)
-            await sub.until(lambda evs: any(isinstance(e, AllBlocksCleared) for e in evs), "clear")
-    finally:
-        sub.close()
-    start = sub.messages[-1].seq
-    ctx = zmq.asyncio.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    try:
-        dealer.connect(target.replay_endpoint)
-        await dealer.send_multipart([b"", encode_seq(start)])
-        assert await dealer.poll(timeout=10_000)
-        empty, topic, seq, payload = await dealer.recv_multipart()
-        assert (empty, topic, decode_seq(seq)) == (b"", b"kv", start)
-        decode_batch(payload)
-        assert await dealer.poll(timeout=10_000)
-        assert await dealer.recv_multipart() == [b"", b"", encode_seq(-1), b""]
-    finally:
-        dealer.close(linger=0)
-        ctx.term()
+async def test_error_bodies_are_identical(pair: Pair, fleet: VllmFleet) -> None:
+    m, n = fleet.model, fleet.max_model_len
+    long_text = "alpha " * 2 * n
+    chat = [{"role": "user", "content": "hi"}]
+    long_chat = [{"role": "user", "content": long_text}]
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/completions", {"model": m, "max_tokens": 2}),
+        ("/v1/completions", {"model": m, "prompt": "", "max_tokens": 2}),
+        ("/v1/completions", {"model": m, "prompt": [], "max_tokens": 2}),
+        ("/v1/chat/completions", {"model": m, "max_tokens": 2}),
+        ("/v1/chat/completions", {"model": m, "messages": [], "max_tokens": 2}),
+        ("/v1/completions", {"model": "nope", "prompt": "hi", "max_tokens": 2}),
+        ("/v1/chat/completions", {"model": "nope", "messages": chat}),
+        ("/v1/completions", {"model": m, "prompt": long_text, "max_tokens": 2}),
+        # Past max_model_len x the longest vocabulary entry: refused on characters, untokenized.
+        ("/v1/completions", {"model": m, "prompt": long_text * 2, "max_tokens": 2}),
+        ("/v1/chat/completions", {"model": m, "messages": long_chat}),
+        ("/v1/completions", {"model": m, "prompt": [5] * (n + 5), "max_tokens": 2}),
+        ("/v1/completions", {"model": m, "prompt": [5] * (n + 1)}),
+        ("/v1/completions", {"model": m, "prompt": [5] * n, "max_tokens": 2}),
+        ("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": n + 1}),
+        ("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": 0}),
+        ("/v1/chat/completions", {"model": m, "messages": chat, "max_tokens": n + 1}),
+        ("/v1/chat/completions", {"model": m, "messages": chat, "max_completion_tokens": n + 1}),
+    ]  # fmt: skip
+    for path, body in cases:
+        real, sim = await _both(pair, path, body)
+        assert real[0] >= 400, (path, body, real)
+        assert sim == real, (path, orjson.dumps(body)[:200])
+
+
+async def _stream_usage(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Any:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", path, json=body) as resp:
+        raw = b"".join([chunk async for chunk in resp.aiter_raw()])
+    assert resp.status_code == 200, raw[:500]
+    return parse_sse(raw).chunks[-1]["usage"]
+
+
+async def test_usage_is_identical(pair: Pair, fleet: VllmFleet) -> None:
+    nonce = f"usage{time.time_ns()}"
+    words = " ".join(["alpha bravo charlie delta echo foxtrot"] * 20)
+    for i, (path, key) in enumerate(
+        [("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")] * 2
+    ):
+        text = f"{nonce} {i} {words}"
+        prompt: Any = text if key == "prompt" else [{"role": "user", "content": text}]
+        body = {"model": fleet.model, key: prompt, "max_tokens": 3, "ignore_eos": True}
+        stream = i >= 2
+        usages = []
+        for client in pair:
+            # Cold, then warm: cached_tokens and (chat) created_cache_tokens change.
+            for _ in range(2):
+                if stream:
+                    usages.append(await _stream_usage(client, path, body))
+                else:
+                    resp = await client.post(path, json=body)
+                    assert resp.status_code == 200, resp.text
+                    usages.append(resp.json()["usage"])
+        real, sim = usages[:2], usages[2:]
+        assert list(map(list, sim)) == list(map(list, real)), (path, stream)  # key order too
+        assert sim == real, (path, stream)

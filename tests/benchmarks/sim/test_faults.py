@@ -152,4 +152,4 @@ async def test_restart_cuts_streams_and_clears_cache() -> None:
         assert rep.engine.num_running == 0 and rep.engine.cache.num_cached == 0
         async with s.post(f"{rep.url}/v1/completions", json={**body, "max_tokens": 1}) as resp:
             usage = (await resp.json())["usage"]
-        assert usage["prompt_tokens_details"] is None  # nothing cached after the restart
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # nothing cached any more

@@ -53,7 +53,14 @@ def test_reset_and_clear_announce_all_blocks_cleared() -> None:
     assert a is not None
     cache.free(a)
     cache.drain_events()
-    cache.reset_prefix_cache()
+    pinned = _alloc(cache, [9, 9, 9])
+    assert pinned is not None
+    cache.drain_events()
+    assert cache.reset_prefix_cache() is False  # vLLM refuses while a block is in use
+    assert cache.drain_events() == [] and cache.num_cached > 0
+    cache.free(pinned)
+    cache.drain_events()
+    assert cache.reset_prefix_cache() is True
     assert cache.drain_events() == [AllBlocksCleared()]
     assert cache.num_cached == 0 and cache.num_free == 8
     again = _alloc(cache, [1, 2, 3, 4, 5])

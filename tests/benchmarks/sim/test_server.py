@@ -1,4 +1,5 @@
 import asyncio
+import itertools
 
 import aiohttp
 import orjson
@@ -29,7 +30,7 @@ async def test_completions_cached_tokens_and_metrics_agree() -> None:
                 data = await resp.json()
                 usages.append(data["usage"])
                 assert data["choices"][0]["finish_reason"] == "length"
-        assert usages[0]["prompt_tokens_details"] is None  # vLLM: null when nothing was cached
+        assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0  # vLLM: 0, not null
         cached = usages[1]["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0 and cached % CFG.block_size == 0
         async with s.get(f"{url}/metrics") as resp:
@@ -142,10 +143,10 @@ async def test_errors_have_vllm_bodies() -> None:
         url = fleet.urls[0]
         cases = [
             (b"{nope", 400, "Bad Request", None),
-            (b'{"max_tokens": 2}', 400, "Bad Request", None),
+            (b'{"max_tokens": 2}', 400, "BadRequestError", "prompt"),
             (b'{"model":"x","prompt":"a"}', 404, "NotFoundError", "model"),
             (orjson.dumps({"prompt": "word " * 100}), 400, "BadRequestError", "input_tokens"),
-            (orjson.dumps({"prompt": "a", "max_tokens": 100}), 400, "BadRequestError",
+            (orjson.dumps({"prompt": "a", "max_tokens": 65}), 400, "BadRequestError",
              "max_tokens"),
         ]  # fmt: skip
         for raw, status, kind, param in cases:
@@ -155,6 +156,12 @@ async def test_errors_have_vllm_bodies() -> None:
                 assert (err["type"], err["param"], err["code"]) == (kind, param, status)
                 if param in ("input_tokens", "max_tokens"):
                     assert f"(parameter={param}, value=" in err["message"]
+        # prompt + max_tokens over the context is clamped, not refused (vLLM 0.32).
+        body = {"prompt": "a b c", "max_tokens": 64, "ignore_eos": True}
+        async with s.post(f"{url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            usage = (await resp.json())["usage"]
+            assert usage["total_tokens"] == 64 and usage["completion_tokens"] < 64
         for method, path, status, detail in (
             ("GET", "/v1/nope", 404, "Not Found"),
             ("GET", "/v1/completions", 405, "Method Not Allowed"),
@@ -175,23 +182,31 @@ async def test_kv_events_stored_cleared_and_replayed() -> None:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(rep.kv_events_endpoint)
         try:
-            # PUB/SUB joins asynchronously: resend until the subscriber sees a batch.
+            # PUB/SUB joins asynchronously: send fresh prompts until the subscriber sees a batch.
             async def first_frames() -> list[bytes]:
-                while True:
-                    await s.post(f"{rep.url}/reset_prefix_cache")
+                for i in itertools.count():
+                    body = {"prompt": f"{i} {PROMPT}", "max_tokens": 1}
+                    async with s.post(f"{rep.url}/v1/completions", json=body) as resp:
+                        assert resp.status == 200
                     if await sub.poll(50):
                         return list(await sub.recv_multipart())
+                raise AssertionError("unreachable")
 
             frames = await asyncio.wait_for(first_frames(), 5)
             assert frames[0] == b"kv" and len(frames) == 3
+            while await sub.poll(100):  # the rest of the warm-up requests' batches
+                await sub.recv_multipart()
+            # The reset's AllBlocksCleared waits for the next engine step, as in vLLM.
+            async with s.post(f"{rep.url}/reset_prefix_cache") as resp:
+                assert await resp.json() == {"success": True}
+            assert not await sub.poll(200)
             body = {"prompt": PROMPT, "max_tokens": 1}
             async with s.post(f"{rep.url}/v1/completions", json=body) as resp:
                 assert resp.status == 200
-            stored = None
-            while stored is None:
-                frames = await asyncio.wait_for(sub.recv_multipart(), 5)
-                events = decode_batch(frames[2]).events
-                stored = next((e for e in events if isinstance(e, BlockStored)), None)
+            frames = await asyncio.wait_for(sub.recv_multipart(), 5)
+            first, *rest = decode_batch(frames[2]).events
+            assert first == AllBlocksCleared()
+            stored = next(e for e in rest if isinstance(e, BlockStored))
             assert stored.parent_block_hash is None and stored.block_size == 16
             assert len(stored.token_ids) == 16 * len(stored.block_hashes)
             seq = decode_seq(frames[1])
@@ -205,12 +220,27 @@ async def test_kv_events_stored_cleared_and_replayed() -> None:
             await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
             got = []
             while True:
-                _, seq_b, payload = await asyncio.wait_for(dealer.recv_multipart(), 5)
+                _, topic, seq_b, payload = await asyncio.wait_for(dealer.recv_multipart(), 5)
                 if decode_seq(seq_b) == -1:
+                    assert (topic, payload) == (b"", b"")
                     break
+                assert topic == b"kv"
                 got.append(decode_batch(payload).events)
             assert got == [(AllBlocksCleared(),)]
             dealer.close(0)
         finally:
             sub.close(0)
             ctx.term()
+
+
+async def test_reset_prefix_cache_refused_while_a_request_holds_blocks() -> None:
+    async with SimFleet(CFG) as fleet, aiohttp.ClientSession() as s:
+        rep = fleet.replicas[0]
+        body = {"prompt": PROMPT, "max_tokens": 5000, "stream": True}
+        async with s.post(f"{rep.url}/v1/completions", json=body) as resp:
+            await resp.content.readline()
+            async with s.post(f"{rep.url}/reset_prefix_cache") as r2:
+                assert r2.status == 200 and await r2.json() == {"success": False}
+        await wait_for(lambda: rep.engine.num_running == 0, within=1.0)
+        async with s.post(f"{rep.url}/reset_prefix_cache") as r2:
+            assert await r2.json() == {"success": True}
