@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -63,19 +64,40 @@ class VllmReplica:
         return None if self.replay_port is None else f"tcp://127.0.0.1:{self.replay_port}"
 
 
+# Below Linux's ephemeral range (32768-60999): vLLM's own processes bind ephemeral ports while
+# starting, and one of them once took a port picked for a replica between the pick and the
+# replica's bind ("Address already in use"). Ports from here are only ever ours.
+_PORT_RANGE = (20000, 32000)
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """An ephemeral port that was free a moment ago (the replica binds it soon after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port outside the ephemeral range, free a moment ago and not handed out before."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(*_PORT_RANGE)
+        if port in _given:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise VllmCpuError(f"no free port in {_PORT_RANGE}")
 
 
 def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """The log's last lines, after its ERROR lines (the root cause precedes the traceback)."""
     try:
         text = path.read_text(errors="replace")
     except OSError as exc:
         return f"(no log: {exc})"
-    return "\n".join(text.splitlines()[-lines:])
+    all_lines = text.splitlines()
+    errors = [line for line in all_lines if " ERROR " in line][:10]
+    head = ["ERROR lines:", *errors, "last lines:"] if errors else []
+    return "\n".join(head + all_lines[-lines:])
 
 
 class VllmFleet:
