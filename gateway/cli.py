@@ -119,6 +119,12 @@ def _cmd_bench_routing_cost(args: argparse.Namespace) -> int:
     return routing_cost.run(args)
 
 
+def _cmd_bench_routing(args: argparse.Namespace) -> int:
+    from benchmarks.routing_bench import cli as routing_bench_cli
+
+    return routing_bench_cli.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="llm-gateway", description="Cache- and load-aware gateway for vLLM fleets."
@@ -156,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     overhead.add_arguments(p)
     p.set_defaults(func=_cmd_bench_overhead)
+    p = bench.add_parser("routing", help="routing quality side by side with peer routers")
+    from benchmarks.routing_bench import cli as routing_bench_cli
+
+    routing_bench_cli.add_arguments(p)
+    p.set_defaults(func=_cmd_bench_routing)
     p = bench.add_parser("routing-cost", help="CPU cost of one routing decision (16 replicas)")
     from benchmarks import routing_cost
 

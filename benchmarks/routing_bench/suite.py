@@ -1,0 +1,214 @@
+"""The whole benchmark: one fleet, every contender in turn, every workload, then the report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from benchmarks.overhead_procs import machine_info
+from benchmarks.routing_bench.contenders import Contender, ContenderUnavailable
+from benchmarks.routing_bench.fleet import RunningFleet, SimParams, start_sim, start_vllm_cpu
+from benchmarks.routing_bench.gateway_contender import GatewayMode, gateway_contenders
+from benchmarks.routing_bench.plots import plot_workloads
+from benchmarks.routing_bench.report import write_report
+from benchmarks.routing_bench.runner import Plan, RunError, run_one
+from benchmarks.routing_bench.workloads import make_workload
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteConfig:
+    """What `llm-gateway bench routing` runs."""
+
+    out: Path
+    fleet: str = "sim"
+    sim: SimParams = field(default_factory=SimParams)
+    workloads: dict[str, tuple[float, ...]] = field(default_factory=dict)  # name -> rates
+    step_s: float = 6.0
+    warmup_rate: float = 20.0
+    warmup_timeout_s: float = 30.0
+    drain_s: float = 15.0
+    seed: int = 0
+    gateway_labels: tuple[str, ...] | None = None  # None: every built-in profile
+    custom_profiles: Path | None = None
+    with_peers: bool = True
+    peers: tuple[str, ...] | None = None  # None: every peer
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload -> sizes
+    command: str = ""
+
+
+def custom_modes(path: Path) -> tuple[GatewayMode, ...]:
+    """`[routing.profiles.X]` tables of a TOML file: each X as approximate and as precise."""
+    text = path.read_text()
+    names = sorted(tomllib.loads(text).get("routing", {}).get("profiles", {}))
+    return tuple(
+        GatewayMode(f"{n}{suffix}", n, precise, text)
+        for n in names
+        for suffix, precise in (("", False), ("+kv", True))
+    )
+
+
+def _contenders(cfg: SuiteConfig) -> tuple[list[Contender], list[dict[str, Any]]]:
+    extra = custom_modes(cfg.custom_profiles) if cfg.custom_profiles else ()
+    labels = list(cfg.gateway_labels) if cfg.gateway_labels is not None else None
+    out: list[Contender] = list(gateway_contenders(labels, extra))
+    missing: list[dict[str, Any]] = []
+    if cfg.with_peers:
+        try:
+            from benchmarks.routing_bench.peers import peer_contenders
+        except ImportError as exc:
+            missing.append(
+                {
+                    "contender": "peers",
+                    "status": "unavailable",
+                    "reason": f"peers module missing ({exc})",
+                }
+            )
+        else:
+            out += list(peer_contenders(list(cfg.peers) if cfg.peers is not None else None))
+    return out, missing
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _down(
+    name: str, workloads: Sequence[str], fleet: str, status: str, reason: str
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "contender": name,
+            "workload": w,
+            "offered_qps": None,
+            "fleet": fleet,
+            "status": status,
+            "reason": reason,
+        }
+        for w in workloads
+    ]
+
+
+async def _start_fleet(cfg: SuiteConfig) -> RunningFleet:
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    if cfg.fleet == "sim":
+        return await start_sim(cfg.sim, cfg.out / "sim.log")
+    if cfg.fleet == "vllm-cpu":
+        return await start_vllm_cpu(cfg.sim.replicas, cfg.sim.num_gpu_blocks, cfg.sim.block_size)
+    raise ValueError(f"unknown fleet {cfg.fleet!r}")
+
+
+async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
+    """Run everything and write results.json, report.md and plots into cfg.out."""
+    t_start = time.monotonic()
+    machine = machine_info()
+    contenders, missing = _contenders(cfg)
+    names = list(cfg.workloads)
+    rows = [
+        x
+        for m in missing
+        for x in _down(m["contender"], names, cfg.fleet, m["status"], m["reason"])
+    ]
+    raw = cfg.out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    fleet = await _start_fleet(cfg)
+    try:
+        async with aiohttp.ClientSession() as session:
+            for c in contenders:
+                _say(f"== {c.name}")
+                try:
+                    url = await c.start(fleet.info)
+                except ContenderUnavailable as exc:
+                    _say(f"   unavailable: {exc.reason}")
+                    rows += _down(c.name, names, cfg.fleet, "unavailable", exc.reason)
+                    continue
+                try:
+                    for wl in names:
+                        plan = Plan(
+                            cfg.workloads[wl],
+                            cfg.step_s,
+                            cfg.warmup_rate,
+                            cfg.warmup_timeout_s,
+                            cfg.drain_s,
+                            cfg.seed,
+                        )
+                        try:
+                            got = await run_one(
+                                session,
+                                fleet,
+                                c.name,
+                                url,
+                                c.pids(),
+                                wl,
+                                plan,
+                                raw,
+                                cfg.overrides.get(wl),
+                                dict(getattr(c, "headers", None) or {}),
+                            )
+                        except (RunError, aiohttp.ClientError, TimeoutError) as exc:
+                            _say(f"   {wl}: failed: {exc}")
+                            rows += _down(c.name, [wl], cfg.fleet, "failed", str(exc)[:300])
+                            continue
+                        rows += got
+                        top = got[-1]
+                        _say(
+                            f"   {wl}: top {top['offered_qps']:g} req/s TTFT p90 "
+                            f"{top['ttft_p90_s']} s, {top['output_tok_s']} tok/s, success "
+                            f"{top['success_rate']}, hit {top['hit_rate']}"
+                        )
+                finally:
+                    await c.stop()
+    finally:
+        await fleet.stop()
+    size = fleet.size
+    meta = {
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": cfg.command,
+        "seed": cfg.seed,
+        "machine": machine,
+        "fleet": {
+            **fleet.params,
+            "model": fleet.info.model,
+            "replica_kv_tokens": size.replica_tokens,
+            "fleet_kv_tokens": size.fleet_tokens,
+        },
+        "plan": {
+            "rates": {k: list(v) for k, v in cfg.workloads.items()},
+            "step_s": cfg.step_s,
+            "warmup_rate": cfg.warmup_rate,
+            "warmup_timeout_s": cfg.warmup_timeout_s,
+            "drain_s": cfg.drain_s,
+        },
+        "workloads": _workload_meta(cfg, fleet),
+        "contenders": [c.name for c in contenders],
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
+    plots = plot_workloads(rows, cfg.out, simulated=cfg.fleet == "sim")
+    write_report(cfg.out, meta, rows, [p.name for p in plots])
+    return rows
+
+
+def _workload_meta(cfg: SuiteConfig, fleet: RunningFleet) -> dict[str, Any]:
+    out = {}
+    for wl in cfg.workloads:
+        w = make_workload(wl, fleet.size, cfg.seed, cfg.overrides.get(wl))
+        ws = w.working_set_tokens
+        out[wl] = {
+            **w.params,
+            "working_set_tokens": ws,
+            "working_set_vs_fleet_kv": round(ws / fleet.size.fleet_tokens, 3),
+            "working_set_vs_replica_kv": round(ws / fleet.size.replica_tokens, 2),
+        }
+    return out
+
+
+def suite_meta(cfg: SuiteConfig) -> dict[str, Any]:
+    """The configuration as plain data (for logs)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}

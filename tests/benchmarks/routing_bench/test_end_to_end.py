@@ -1,0 +1,54 @@
+"""One tiny run of the whole benchmark: a 2-replica fleet, 2 gateway profiles, 1 workload."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.routing_bench.fleet import SimParams
+from benchmarks.routing_bench.suite import SuiteConfig, _contenders, run_suite
+
+
+@pytest.mark.timeout(90)
+async def test_tiny_run_writes_report_results_and_plots(tmp_path: Path) -> None:
+    cfg = SuiteConfig(
+        out=tmp_path,
+        sim=SimParams(replicas=2, num_gpu_blocks=256, time_scale=4.0, stream_interval=8),
+        workloads={"shared_prefix": (6.0,)},
+        step_s=2.0,
+        warmup_rate=20.0,
+        warmup_timeout_s=15.0,
+        drain_s=10.0,
+        gateway_labels=("round_robin", "default"),
+        with_peers=False,
+    )
+    rows = await run_suite(cfg)
+    assert [r["contender"] for r in rows] == ["gateway:round_robin", "gateway:default"]
+    for r in rows:
+        assert r["status"] == "ok" and r["workload"] == "shared_prefix"
+        assert r["offered_qps"] == 6.0 and r["fleet"] == "sim"
+        assert r["requests"] > 0 and r["success_rate"] == 1.0
+        assert r["ttft_p50_s"] > 0 and r["output_tok_s"] > 0
+        assert 0.0 <= r["hit_rate"] <= 1.0
+        assert set(r["cpu_cores"]) >= {"fleet", "contender", "loadgen"}
+        assert r["send_lag_p99_ms"] is not None
+    # The cache-aware default reuses the groups' prompts far more than round-robin.
+    assert rows[1]["hit_rate"] > rows[0]["hit_rate"]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["rows"]) == 2
+    assert (tmp_path / "shared_prefix_ttft_p90.png").exists()
+    assert "simulated" in (tmp_path / "report.md").read_text()
+    raw = (tmp_path / "raw" / "gateway_default-shared_prefix.jsonl").read_text().splitlines()
+    rec = json.loads(raw[-1])
+    assert {"sent", "sched", "ttft", "gaps", "e2e", "tokens", "cached_tokens", "status"} <= set(rec)
+    assert rec["replica"] in (0, 1)
+
+
+def test_missing_peers_module_is_reported_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "benchmarks.routing_bench.peers", None)
+    cfg = SuiteConfig(out=Path("unused"), gateway_labels=("default",))
+    contenders, missing = _contenders(cfg)
+    assert [c.name for c in contenders] == ["gateway:default"]
+    assert missing[0]["contender"] == "peers"
+    assert "peers module missing" in missing[0]["reason"]

@@ -1,0 +1,58 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from benchmarks.routing_bench.contenders import FleetInfo
+from benchmarks.routing_bench.gateway_contender import (
+    BUILTIN_MODES,
+    GatewayMode,
+    gateway_contenders,
+    gateway_toml,
+)
+from benchmarks.routing_bench.suite import custom_modes
+from gateway.config import parse_config
+from gateway.runtime import build_router
+
+FLEET = FleetInfo(
+    urls=("http://127.0.0.1:9001", "http://127.0.0.1:9002"),
+    model="sim-llama-3-8b",
+    kv_endpoints=("tcp://127.0.0.1:7001", None),
+    tokenizer="builtin",
+    block_size=16,
+    fleet="sim",
+)
+
+
+@pytest.mark.parametrize("mode", BUILTIN_MODES, ids=lambda m: m.label)
+def test_generated_config_is_valid_for_the_gateway(mode: GatewayMode) -> None:
+    cfg = parse_config(tomllib.loads(gateway_toml(mode, FLEET, "127.0.0.1", 8123)))
+    assert build_router(cfg).profile_name == mode.profile
+    assert cfg.server.port == 8123
+    assert [r.url for r in cfg.replicas] == list(FLEET.urls)
+    if mode.precise:
+        assert [r.kv_events for r in cfg.replicas] == ["tcp://127.0.0.1:7001", "auto"]
+        assert (cfg.cache_index.tokenizer, cfg.cache_index.block_size) == ("builtin", 16)
+    else:
+        assert all(r.kv_events == "" for r in cfg.replicas)
+        assert cfg.cache_index.tokenizer == ""
+
+
+def test_every_profile_the_issue_names_is_a_contender() -> None:
+    names = [c.name for c in gateway_contenders()]
+    labels = ("round_robin", "least_load", "session", "prefix", "precise", "default")
+    assert names == [f"gateway:{x}" for x in labels]
+    assert [c.name for c in gateway_contenders(["default"])] == ["gateway:default"]
+
+
+def test_custom_profiles_run_approximate_and_precise(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[routing.profiles.sticky]\nfilters = [{ type = "healthy" }]\n'
+        'scorers = [{ type = "least_inflight", weight = 1.0 }]\n'
+        'picker = { type = "affinity_guard", params = { guard_ratio = 2.0 } }\n'
+    )
+    modes = custom_modes(path)
+    assert [(m.label, m.precise) for m in modes] == [("sticky", False), ("sticky+kv", True)]
+    cfg = parse_config(tomllib.loads(gateway_toml(modes[1], FLEET, "127.0.0.1", 1)))
+    assert build_router(cfg).profile_name == "sticky"
