@@ -40,6 +40,8 @@ class Affinity:
             default_capacity=cfg.default_capacity_blocks, max_total_blocks=cfg.max_total_blocks
         )
         self._session_header = cfg.session_header.lower().encode()
+        # Without a tokenizer a 64-character block is about 16 tokens (~4 characters each).
+        self.block_tokens = cfg.block_size if self.tokenizer else max(1, cfg.block_chars // 4)
 
     def prompt_text(self, req: ParsedRequest) -> str:
         """The whole templated prompt, as the replica will see it (system prompt and history)."""
@@ -104,6 +106,7 @@ class Affinity:
             block_hashes=hashes,
             session=session,
             prefix_match=self.prefixes.match(hashes) if hashes else {},
+            block_tokens=self.block_tokens,
             affinity_replica=affinity,
             affinity_kind=kind if affinity is not None else None,
         )

@@ -132,7 +132,10 @@ class Pipeline:
             lease = self._pool.acquire(name)
             replica = lease.replica
             # Counted as queued prefill on the replica until its first byte arrives.
-            replica.queued_prefill_tokens += features.prompt_tokens
+            # The prefill it will cost there: the part of the prompt that replica doesn't hold.
+            cached = features.prefix_match.get(name, 0) * features.block_tokens
+            prefill = max(0, features.prompt_tokens - cached)
+            replica.queued_prefill_tokens += prefill
             span, sent = None, headers
             if rtrace is not None:
                 span, carrier = rtrace.attempt(name, decision.replica.url)
@@ -164,7 +167,7 @@ class Pipeline:
                 self._release(lease, True)
                 raise
             finally:
-                replica.queued_prefill_tokens -= features.prompt_tokens
+                replica.queued_prefill_tokens -= prefill
         assert last is not None
         raise last
 

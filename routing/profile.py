@@ -116,6 +116,9 @@ BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
             "session", _AFFINITY_FILTERS, _LOAD_SCORERS, PluginSpec("affinity_guard")
         ),
         "prefix": _prefix("prefix"),
+        # Cheapest estimated start in prefill tokens: a busy holder of the prefix until its
+        # queued prefill outweighs what a miss would cost elsewhere.
+        "cost": ProfileSpec("cost", _AFFINITY_FILTERS, (), PluginSpec("prefill_cost")),
         # The prefix profile: with no KV events the gateway fills prefix_match from its
         # approximate index, and with no index data at all it degrades to pure load balancing.
         "default": _prefix("default"),

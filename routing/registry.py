@@ -18,6 +18,7 @@ from routing.plugins import (
     least_inflight,
     lora_affinity,
     max_score,
+    prefill_cost,
     prefix_affinity,
     queue_load,
     random,
@@ -51,6 +52,7 @@ _FACTORIES: tuple[AnyFactory, ...] = (
     # pickers
     max_score.FACTORY,
     affinity_guard.FACTORY,
+    prefill_cost.FACTORY,
     random.FACTORY,
     round_robin.FACTORY,
 )

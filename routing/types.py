@@ -77,6 +77,8 @@ class RequestFeatures:
     # Per-replica hints computed by the cache index (replica name -> value),
     # e.g. matched prefix blocks; plugins read them, never compute them.
     prefix_match: Mapping[str, int] = field(default_factory=dict)
+    # Prompt tokens per block of block_hashes (the replicas' block size, or ~block_chars / 4).
+    block_tokens: int = 16
     affinity_replica: str | None = None
     # Why affinity_replica is set: "prompt_cache" (tier-1 prompt hash) or "session".
     affinity_kind: str | None = None
