@@ -86,8 +86,16 @@ def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = P
 
 
 _ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
-# Saturated replicas take no new requests: they wait in the gateway's admission queue instead.
-_AFFINITY_FILTERS = (*_ELIGIBLE, PluginSpec("saturation"), PluginSpec("lora_affinity"))
+# A replica with a long vLLM waiting queue takes no new requests: they wait in the gateway's
+# admission queue instead. Only that limit: measured (benchmarks/results/2026-11-29b-routing-sim),
+# a KV-usage limit turns cache hits into misses under load, because a prefix holder runs with
+# its cache nearly full by design; vLLM queues a request that does not fit on its own.
+_SATURATION = PluginSpec("saturation", params={"max_waiting": 64.0, "max_kv_usage": None})
+_AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
+# The guard measured best on the shared-prefix workload (same report): stick to the holder
+# until its load passes 2 x the mean + 8; the plugin's own defaults (1.5 x mean + 2) gave
+# away hits under load (hit rate 86% -> 46% at 40 req/s).
+_GUARD = PluginSpec("affinity_guard", params={"guard_ratio": 2.0, "guard_slack": 8.0})
 _LOAD_SCORERS = (
     PluginSpec("least_inflight", 1.0),
     PluginSpec("queue_load", 1.0),
@@ -98,9 +106,9 @@ _LOAD_SCORERS = (
 
 def _prefix(name: str) -> ProfileSpec:
     # Prefix affinity weighs as much as two load signals, and the affinity_guard picker keeps
-    # it from overloading a holder. Provisional weights: the benchmark tunes them.
+    # it from overloading a holder (weights and guard as measured, see _GUARD).
     scorers = (*_LOAD_SCORERS[:3], PluginSpec("prefix_affinity", 2.0), _LOAD_SCORERS[3])
-    return ProfileSpec(name, _AFFINITY_FILTERS, scorers, PluginSpec("affinity_guard"))
+    return ProfileSpec(name, _AFFINITY_FILTERS, scorers, _GUARD)
 
 
 BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
@@ -112,13 +120,8 @@ BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
         ),
         # Sticky sessions (the gateway sets affinity_replica from the session id), released by
         # the load guard; misses and guarded requests go by load.
-        "session": ProfileSpec(
-            "session", _AFFINITY_FILTERS, _LOAD_SCORERS, PluginSpec("affinity_guard")
-        ),
+        "session": ProfileSpec("session", _AFFINITY_FILTERS, _LOAD_SCORERS, _GUARD),
         "prefix": _prefix("prefix"),
-        # Cheapest estimated start in prefill tokens: a busy holder of the prefix until its
-        # queued prefill outweighs what a miss would cost elsewhere.
-        "cost": ProfileSpec("cost", _AFFINITY_FILTERS, (), PluginSpec("prefill_cost")),
         # The prefix profile: with no KV events the gateway fills prefix_match from its
         # approximate index, and with no index data at all it degrades to pure load balancing.
         "default": _prefix("default"),

@@ -12,6 +12,8 @@ from gateway.config import ScoreLoopConfig
 from gateway.server import running_gateway
 from tests.gateway.conftest import MODEL, SIM, eventually, gateway_config
 
+# Identical streams in the burst: more than the default guard lets one holder take (17).
+BURST = 24
 SYSTEM = [
     f"You are assistant number {g}. " + " ".join(f"rule-{g}-{i} applies here." for i in range(120))
     for g in range(4)
@@ -126,14 +128,15 @@ async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
                             break
 
             stop = asyncio.Event()
-            tasks = [asyncio.create_task(hold(stop)) for _ in range(12)]
+            tasks = [asyncio.create_task(hold(stop)) for _ in range(BURST)]
             await eventually(
-                lambda: sum(r.in_flight for r in gw.runtime.pool) == 12, what="burst in flight"
+                lambda: sum(r.in_flight for r in gw.runtime.pool) == BURST, what="burst in flight"
             )
             spread = Counter({r.name: r.in_flight for r in gw.runtime.pool})
             stop.set()
             await asyncio.gather(*tasks)
             _, most = spread.most_common(1)[0]
-            assert most < 12, spread  # the holder took its share, the rest spilled by load
-            assert most >= 3, spread  # ...but affinity held while the holder was not loaded
+            assert most < BURST, spread  # the holder took its share, the rest spilled by load
+            # ...but affinity held while the holder was not loaded (2 x mean + 8: 17 of 24).
+            assert most >= 12, spread
             assert 'branch="load_guard"' in (await c.get("/metrics")).text

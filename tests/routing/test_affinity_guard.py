@@ -10,6 +10,7 @@ from routing import (
     BUILTIN_PROFILES,
     PLUGINS,
     PluginConfigError,
+    PluginSpec,
     ProfileSpec,
     ReplicaSnapshot,
     RequestFeatures,
@@ -178,23 +179,37 @@ def _burst(profile: ProfileSpec, count: int) -> tuple[list[str], list[int]]:
     request = RequestFeatures(
         model=MODEL, block_hashes=(1, 2, 3, 4), prefix_match={"a": 4}, prompt_tokens=900
     )
+    params = dict(profile.picker.params)
+    ratio = float(params.get("guard_ratio", 1.5))  # type: ignore[arg-type]
+    slack = float(params.get("guard_slack", 2.0))  # type: ignore[arg-type]
     branches = []
     for _ in range(count):
         branches.append(_send(router, fleet, request))
         loads = [r.in_flight for r in fleet]
         # The holder never runs more than one request past the guard.
-        assert loads[0] <= 1.5 * sum(loads) / len(loads) + 2 + 1, branches
+        assert loads[0] <= ratio * sum(loads) / len(loads) + slack + 1, branches
     return branches, [r.in_flight for r in fleet]
 
 
-@pytest.mark.parametrize("profile", ["prefix", "default"])
-def test_a_burst_between_two_scrapes_spreads_once_the_guard_trips(profile: str) -> None:
-    branches, loads = _burst(BUILTIN_PROFILES[profile], 40)
+def test_a_burst_between_two_scrapes_spreads_once_the_guard_trips() -> None:
+    plain = dataclasses.replace(
+        BUILTIN_PROFILES["prefix"],
+        picker=PluginSpec("affinity_guard"),  # 1.5 x mean + 2
+    )
+    branches, loads = _burst(plain, 40)
     # "a" takes the burst while its load a <= 1.5 * a / 4 + 2 (up to 4 in flight); the 5th
     # request trips the guard and goes by load, after which "a" gets about one in three.
     assert branches[:5] == ["prefix_hit"] * 4 + ["load_guard"]
     assert loads[0] == 17 and sorted(loads[1:]) == [7, 8, 8]
     assert Counter(branches) == {"prefix_hit": 17, "load_guard": 23}
+
+
+@pytest.mark.parametrize("profile", ["prefix", "default", "session"])
+def test_builtin_profiles_guard_at_twice_the_mean_plus_8(profile: str) -> None:
+    branches, loads = _burst(BUILTIN_PROFILES[profile], 60)
+    # a <= 2 * a / 4 + 8 holds up to a = 16: 17 hits, then the guard trips.
+    assert branches[:18] == ["prefix_hit"] * 17 + ["load_guard"]
+    assert loads[0] == max(loads) and min(loads) > 0
 
 
 @pytest.mark.parametrize(
