@@ -1,4 +1,4 @@
-"""HTTP routes of a replica: vLLM's OpenAI surface plus the /_sim admin endpoints."""
+"""Generation routes of a replica (completions, chat); the rest are in service_routes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from benchmarks.sim import protocol as P
+from benchmarks.sim import service_routes
 from benchmarks.sim.config import SimError
 from benchmarks.sim.engine import EngineRequest
+from benchmarks.sim.http_util import JSON, REPLICA, error_response, replica_of
 from cache_index.errors import CacheIndexError
 
 if TYPE_CHECKING:
@@ -23,19 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["REPLICA", "add_routes", "fastapi_errors"]
 
-REPLICA: web.AppKey[Replica] = web.AppKey("sim_replica")
-_JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _DEAD_MSG = "Engine loop is not running. Inspect the stacktrace to find the original error."
-
-
-def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type=_JSON)
-
-
-def _error(status: int, message: str, param: str | None = None) -> web.Response:
-    body = P.error_body(status, message, P.error_type(status), param)
-    return web.Response(body=body, status=status, content_type=_JSON)
 
 
 def _reset(request: web.Request) -> web.Response:
@@ -57,11 +48,7 @@ async def fastapi_errors(request: web.Request, handler: Handler) -> web.StreamRe
     except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
         headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
         body = orjson.dumps({"detail": exc.reason})
-        return web.Response(body=body, status=exc.status, content_type=_JSON, headers=headers)
-
-
-def _rep(request: web.Request) -> Replica:
-    return request.app[REPLICA]
+        return web.Response(body=body, status=exc.status, content_type=JSON, headers=headers)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -73,12 +60,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
-    rep = _rep(request)
+    rep = replica_of(request)
     f = rep.faults
     if f.dead:
-        return _error(500, _DEAD_MSG)
+        return error_response(500, _DEAD_MSG)
     if f.error_rate > 0 and rep.rng.random() < f.error_rate:
-        return _error(f.error_status, "Simulated upstream error")
+        return error_response(f.error_status, "Simulated upstream error")
     if f.reset_before_first_byte:
         return _reset(request)
     if f.stall_seconds > 0 and f.stall_after_tokens is None:
@@ -110,13 +97,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             len(ids), gen.max_tokens, max_len, from_text=gen.prompt_ids is None
         )
     except P.ApiError as exc:
-        return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
+        return web.Response(body=exc.body(), status=exc.status, content_type=JSON)
     except (SimError, CacheIndexError) as exc:  # e.g. a chat template that raised
-        return _error(400, str(exc))
+        return error_response(400, str(exc))
     cache = rep.engine.cache
     need = cache.blocks_for(len(ids) + 1)
     if f.out_of_kv or need > cache.num_blocks:
-        return _error(
+        return error_response(
             500, f"Insufficient KV cache: the request needs {need} blocks of {cache.block_size} "
             f"tokens; the cache has {cache.num_blocks}."
         )  # fmt: skip
@@ -296,7 +283,7 @@ async def _unary(
         if req.error is not None:
             if req.error.kind == "restart":
                 return _reset(request)
-            return _error(500, str(req.error))
+            return error_response(500, str(req.error))
         if not gen.stop:
             c.text = rep.vocab.text(c.offset, 0, c.sent)
     out = [P.Choice(c.index, c.text, c.finish or c.req.finish_reason or "stop", c.stop_reason)
@@ -306,145 +293,11 @@ async def _unary(
         body=body(
             request_id, int(time.time()), gen.model, out, _usage(rep, choices, chat, stream=False)
         ),
-        content_type=_JSON,
+        content_type=JSON,
     )
-
-
-async def models(request: web.Request) -> web.Response:
-    rep = _rep(request)
-    base = rep.served[0]
-
-    def card(mid: str, parent: str | None, max_len: int | None) -> dict[str, Any]:
-        perm = {"id": f"modelperm-{rep.name}", "object": "model_permission",
-                "created": rep.created, "allow_create_engine": False, "allow_sampling": True,
-                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                "allow_fine_tuning": False, "organization": "*", "group": None,
-                "is_blocking": False}  # fmt: skip
-        return {"id": mid, "object": "model", "created": rep.created, "owned_by": "vllm",
-                "root": mid if parent is None else f"/loras/{mid}", "parent": parent,
-                "max_model_len": max_len, "permission": [perm]}  # fmt: skip
-
-    data = [card(base, None, rep.config.max_model_len)]
-    data += [card(name, base, None) for name in rep.served[1:]]
-    return _json({"object": "list", "data": data})
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200 if _rep(request).healthy() else 503)
-
-
-async def ping(request: web.Request) -> web.Response:
-    return web.Response(status=200 if _rep(request).healthy() else 503)
-
-
-async def load(request: web.Request) -> web.Response:
-    return _json({"server_load": _rep(request).inflight})
-
-
-async def version(request: web.Request) -> web.Response:
-    from benchmarks.sim.replica import VLLM_VERSION
-
-    return _json({"version": VLLM_VERSION})
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = _rep(request).metrics()
-    return web.Response(
-        body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
-
-
-async def tokenize(request: web.Request) -> web.Response:
-    rep = _rep(request)
-    try:
-        body = P.parse_body(await request.read())
-        if isinstance(body.get("messages"), list):
-            gen = body.get("add_generation_prompt", True) is not False
-            ids = rep.encode_prompt(rep.template.render(body["messages"], gen), chat=True)
-        elif isinstance(body.get("prompt"), str):
-            ids = rep.encode_prompt(body["prompt"], chat=False)
-        else:
-            raise P.invalid("prompt (string) or messages (list) is required")
-    except P.ApiError as exc:
-        return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
-    except (SimError, CacheIndexError) as exc:
-        return _error(400, str(exc))
-    strs = None
-    if body.get("return_token_strs") is True:
-        # The Tokenizer protocol has no id -> piece lookup: a one-token decode stands in for it.
-        strs = [rep.tokenizer.decode([t]) for t in ids]
-    return _json({"count": len(ids), "max_model_len": rep.config.max_model_len,
-                  "tokens": ids, "token_strs": strs})  # fmt: skip
-
-
-async def detokenize(request: web.Request) -> web.Response:
-    rep = _rep(request)
-    try:
-        body = P.parse_body(await request.read())
-    except P.ApiError as exc:
-        return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
-    tokens = body.get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        return _error(400, "tokens must be a list of ints", "tokens")
-    return _json({"prompt": rep.tokenizer.decode(tokens)})
-
-
-async def kv_event_sources(request: web.Request) -> web.Response:
-    rep = _rep(request)
-    if rep.publisher is None:
-        return _json({})
-    return _json({"0": {"enable_kv_cache_events": True, "publisher": "zmq",
-                        "endpoint": rep.kv_events_endpoint, "topic": rep.config.kv_events_topic,
-                        "replay_endpoint": rep.replay_endpoint}})  # fmt: skip
-
-
-async def get_faults(request: web.Request) -> web.Response:
-    return _json(_rep(request).faults.to_json())
-
-
-async def post_faults(request: web.Request) -> web.Response:
-    rep = _rep(request)
-    try:
-        patch = P.parse_body(await request.read())
-        return _json(rep.set_faults(patch).to_json())
-    except P.ApiError as exc:
-        return web.Response(body=exc.body(), status=exc.status, content_type=_JSON)
-    except SimError as exc:
-        return _error(400, str(exc))
-
-
-async def restart(request: web.Request) -> web.Response:
-    _rep(request).restart()
-    return _json({"restarted": True})
-
-
-async def reset_prefix_cache(request: web.Request) -> web.Response:
-    # vLLM answers 200 either way; success is false while a request still holds blocks.
-    return _json({"success": _rep(request).engine.reset_prefix_cache()})
-
-
-async def timings(request: web.Request) -> web.Response:
-    """Modelled vs delivered timing per finished request (for the capacity benchmark)."""
-    recs = _rep(request).engine.timings
-    return _json([[t.request_id, t.tokens, t.modelled_ttft, t.modelled_itl, t.engine_ttft,
-                   t.engine_itl] for t in recs])  # fmt: skip
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/ping", ping)
-    app.router.add_post("/ping", ping)
-    app.router.add_get("/load", load)
-    app.router.add_get("/version", version)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/detokenize", detokenize)
-    app.router.add_get("/kv_event_sources", kv_event_sources)
-    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
-    app.router.add_get("/_sim/faults", get_faults)
-    app.router.add_post("/_sim/faults", post_faults)
-    app.router.add_post("/_sim/restart", restart)
-    app.router.add_get("/_sim/timings", timings)
+    service_routes.add_routes(app)
