@@ -295,6 +295,8 @@ async def grpc_loadgen(processes: int) -> AsyncIterator[GrpcLoadgen]:
                             stdin=asyncio.subprocess.PIPE,
                             stdout=asyncio.subprocess.PIPE,
                             stderr=err,
+                            # One reply line carries every latency of a round: past 64 KiB.
+                            limit=2**24,
                             env=child_env(),
                             cwd=_REPO,
                         )

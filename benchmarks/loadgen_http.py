@@ -23,8 +23,10 @@ class LoadgenError(Exception):
     """The load generator could not run a round (connect failure or a hung drain)."""
 
 
-def chat_request(host: str, port: int, model: str, stream: bool) -> bytes:
-    """The raw bytes of one small chat-completion request."""
+def chat_request(
+    host: str, port: int, model: str, stream: bool, headers: Mapping[str, str] = {}
+) -> bytes:
+    """The raw bytes of one small chat-completion request, with `headers` added to its head."""
     body = orjson.dumps(
         {
             "model": model,
@@ -35,7 +37,9 @@ def chat_request(host: str, port: int, model: str, stream: bool) -> bytes:
     )
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
-        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + "\r\n"
     )
     return head.encode() + body
 
@@ -53,12 +57,16 @@ class RoundResult:
     http_chunks: int
     cpu_s: dict[str, float]
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # SSE events per streamed answer: as expected, or as learned from the first answer.
+    events_per_answer: int | None = None
 
 
 class _Shared:
     """State all connections of one round update from their callbacks."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, stream: bool, expect_events: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, stream: bool, expect_events: int | None
+    ) -> None:
         self.stream = stream
         self.expect_events = expect_events
         self.open = False
@@ -216,11 +224,15 @@ class _Client(asyncio.Protocol):
                     self._done()
 
     def _done(self) -> None:
+        shared = self._shared
         if self._status != 200:
             self._finish(False, f"status_{self._status}")
-        elif self._shared.stream and (
-            self._events != self._shared.expect_events or not self._tail.endswith(_DONE)
-        ):
+            return
+        ended = self._tail.endswith(_DONE)
+        if shared.stream and shared.expect_events is None and ended:
+            # A peer may re-frame the stream: its first whole answer sets the count to hold to.
+            shared.expect_events = self._events
+        if shared.stream and (self._events != shared.expect_events or not ended):
             self._finish(False, "bad_stream")
         else:
             self._finish(True, "")
@@ -234,11 +246,15 @@ async def run_round(
     concurrency: int,
     duration_s: float,
     stream: bool,
-    expect_events: int,
+    expect_events: int | None,
     cpu_snapshot: Callable[[], Mapping[str, float]],
     timeout_s: float = 10.0,
 ) -> RoundResult:
-    """Open `concurrency` connections, drive them for `duration_s`, then drain and close them."""
+    """Open `concurrency` connections, drive them for `duration_s`, then drain and close them.
+
+    `expect_events`: SSE events (incl. [DONE]) every streamed answer must have; None learns it
+    from the first answer that ends with [DONE]. `timeout_s` bounds the connect and the drain.
+    """
     loop = asyncio.get_running_loop()
     shared = _Shared(loop, stream, expect_events)
     try:
@@ -287,4 +303,5 @@ async def run_round(
         http_chunks=shared.http_chunks,
         cpu_s=cpu,
         error_kinds=dict(shared.errors),
+        events_per_answer=shared.expect_events if stream else None,
     )

@@ -1,4 +1,4 @@
-"""The overhead benchmark's own processes (static upstream, gateway) and per-process CPU time."""
+"""The overhead benchmark's processes (static upstream, gateway, peer routers) and their CPU."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import urlsplit
+
+from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
+from benchmarks.routing_bench.peers import PeerContender, peer_contenders
+from benchmarks.static_upstream import MODEL
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +48,16 @@ def cpu_seconds(pid: int) -> float:
     # The command name may contain spaces: fields are counted after its closing parenthesis.
     fields = data[data.rindex(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def cpu_seconds_of(pids: Sequence[int]) -> float:
+    """CPU seconds so far of the processes that still exist among `pids`."""
+    total = 0.0
+    for pid in pids:
+        # One that exited since it was listed took its time with it.
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
 
 
 def child_env() -> dict[str, str]:
@@ -197,6 +212,78 @@ async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fl
         finally:
             for child in reversed(children):
                 await child.stop()
+
+
+def fleet_info(f: Fleet) -> FleetInfo:
+    """The static upstream as a one-replica fleet, for the peer routers."""
+    url = f"http://{f.host}:{f.upstream_port}"
+    return FleetInfo((url,), MODEL, (None,), None, 16, "static")
+
+
+@dataclass
+class PeerRun:
+    """One peer router in this run; `status` is "run", "not run: <why>" or "stopped: <why>"."""
+
+    name: str
+    policy: str
+    version: str | None
+    status: str
+    contender: PeerContender | None = None
+    host: str = ""
+    port: int = 0
+    events_per_answer: int | None = None  # SSE events incl. [DONE] it relays per answer
+
+    @property
+    def running(self) -> bool:
+        return self.status == "run"
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds so far of the peer's process(es), as they are now."""
+        return cpu_seconds_of(self.contender.pids()) if self.contender else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "policy": self.policy,
+            "version": self.version,
+            "status": self.status,
+            "events_per_answer": self.events_per_answer,
+        }
+
+
+def not_run(names: Sequence[str], reason: str) -> list[PeerRun]:
+    """The named peers, listed as not run for `reason`."""
+    return [PeerRun(c.name, c.policy, c.version(), f"not run: {reason}") for c in _peers(names)]
+
+
+def _peers(names: Sequence[str]) -> list[PeerContender]:
+    by_name = {c.name: c for c in peer_contenders(list(names))}
+    return [by_name[n] for n in names]
+
+
+async def _start_peer(c: PeerContender, info: FleetInfo) -> PeerRun:
+    run = PeerRun(c.name, c.policy, c.version(), "run", c)
+    try:
+        url = urlsplit(await c.start(info))
+    except (ContenderUnavailable, OSError) as exc:
+        run.status = f"not run: {getattr(exc, 'reason', None) or repr(exc)}"
+        run.contender = None
+        return run
+    run.host, run.port = url.hostname or "", url.port or 0
+    return run
+
+
+@contextlib.asynccontextmanager
+async def peer_routers(names: Sequence[str], info: FleetInfo) -> AsyncIterator[list[PeerRun]]:
+    """Start the named peers in front of `info` together; those that cannot run say why."""
+    contenders = _peers(names)
+    try:
+        runs = await asyncio.gather(*(_start_peer(c, info) for c in contenders))
+        yield list(runs)
+    finally:
+        # stop() is a no-op for a peer that never started or already stopped.
+        for c in contenders:
+            await c.stop()
 
 
 def _cpu_model() -> str:

@@ -11,7 +11,8 @@ from typing import Any
 from benchmarks.loadgen_http import RoundResult
 
 DIRECT, GATEWAY, GATEWAY_GRPC = "direct", "gateway", "gateway-grpc"
-_ORDER = {DIRECT: 0, GATEWAY: 1, GATEWAY_GRPC: 2}
+_ORDER = {DIRECT: 0, GATEWAY: 1, GATEWAY_GRPC: 2}  # peers after them, in the order they ran
+_STATUS_CHARS = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +217,8 @@ _COLUMNS = (
     ("added_p50_ms", "+p50 ms"),
     ("added_p99_ms", "+p99 ms"),
     ("rps_ratio_vs_direct", "req/s ÷ direct"),
-    ("cpu_us_per_request", "gw CPU µs/req"),
-    ("gateway_cpu_util", "gw CPU util"),
+    ("cpu_us_per_request", "proxy CPU µs/req"),
+    ("gateway_cpu_util", "proxy CPU util"),
     ("loadgen_cpu_us_per_request", "client CPU µs/req"),
     ("loadgen_cpu_util", "client CPU util"),
     ("chunks_per_s", "chunks/s"),
@@ -238,13 +239,34 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def peers_markdown(peers: Sequence[dict[str, Any]]) -> list[str]:
+    """The Peers section: every peer asked for, with what became of it (never dropped)."""
+    if not peers:
+        return []
+    lines = [
+        "## Peers",
+        "",
+        "| peer | version | status | SSE events per answer |",
+        "|---|---|---|---|",
+    ]
+    for peer in peers:
+        # A start-up failure carries the end of the peer's log: results.json has all of it.
+        status = " ".join(peer["status"].split()).replace("|", "/")
+        status = status if len(status) <= _STATUS_CHARS else status[: _STATUS_CHARS - 1] + "…"
+        lines.append(
+            f"| {peer['name']} | {peer['version'] or '-'} | {status} "
+            f"| {_cell(peer['events_per_answer'])} |"
+        )
+    return [*lines, ""]
+
+
 def render_markdown(results: dict[str, Any], schema_doc: str) -> str:
     """report.md: machine, versions, parameters, the table, the targets, the schema."""
     m = results["machine"]
     p = results["parameters"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     parts = [
-        "# llm-gateway overhead: direct vs through the gateway",
+        "# llm-gateway overhead: direct vs through the gateway and peer routers",
         "",
         f"- Machine: {m['cpu_model']}, {m['cpus_usable']} usable CPUs, {m['platform']}, "
         f"load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}",
@@ -259,14 +281,21 @@ def render_markdown(results: dict[str, Any], schema_doc: str) -> str:
         "- The upstream speaks only HTTP, so the direct baseline of the gRPC rows is the direct "
         "HTTP round: their `+` and `÷ direct` columns include the change of protocol (and the "
         "gRPC client's own cost, shown as client CPU µs/req).",
-        "- chunks/s: SSE events incl. [DONE] over HTTP (deltas + 1 per answer), ChatChunk "
-        "messages over gRPC (deltas per answer; [DONE] has no message).",
+        "- chunks/s: SSE events incl. [DONE] over HTTP (deltas + 1 per answer, or what a peer "
+        "relays per answer: see Peers), ChatChunk messages over gRPC (deltas per answer; [DONE] "
+        "has no message).",
+        "- Peer rows: each peer router started once in front of the same upstream, idle while "
+        "the others run, taking its turn in the same interleaved rounds over HTTP/1.1 with the "
+        "same client. Its window is stretched to twice its warm-up's wall time (at most 4x) so "
+        f"that slow peers finish whole requests in it; LiteLLM runs {p['litellm_rounds']} "
+        "round(s) per cell. proxy CPU = the gateway process, or the peer's process(es).",
         "- Figures are medians over rounds; `+` columns are medians of per-round differences "
         "against the direct round it was interleaved with. CPU figures come from "
         "/proc/<pid>/stat (10 ms ticks) of each process over the measuring window.",
         "",
         markdown_table(results["rows"]),
         "",
+        *peers_markdown(results["peers"]),
         "## Targets",
         "",
         "| target | goal | measured | result |",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from benchmarks import loadgen_grpc, overhead
 from benchmarks.loadgen_http import RoundResult, chat_request, run_round
+from benchmarks.overhead_procs import peer_routers
 from benchmarks.overhead_report import (
     DIRECT,
     GATEWAY,
@@ -20,7 +22,9 @@ from benchmarks.overhead_report import (
     Measured,
     build_rows,
     evaluate_targets,
+    peers_markdown,
 )
+from benchmarks.routing_bench.contenders import FleetInfo
 from benchmarks.static_upstream import MODEL, start
 from gateway.grpc_gen import gateway_pb2 as pb
 from gateway.grpc_gen import gateway_pb2_grpc as pb_grpc
@@ -77,6 +81,29 @@ async def test_loadgen_completes_every_request_against_static_upstream(stream: b
         assert len(result.ttfc_s) == result.requests
     else:
         assert result.events == 0
+
+
+async def test_loadgen_learns_the_event_count_and_sends_extra_headers() -> None:
+    server = await start("127.0.0.1", 0, chunks=6)
+    port = server.sockets[0].getsockname()[1]
+    request = chat_request("127.0.0.1", port, MODEL, True, {"authorization": "Bearer k"})
+    try:
+        result = await run_round(
+            "127.0.0.1",
+            port,
+            request,
+            concurrency=2,
+            duration_s=0.2,
+            stream=True,
+            expect_events=None,
+            cpu_snapshot=_cpu,
+        )
+    finally:
+        server.close()
+    assert request.split(b"\r\n\r\n", 1)[0].endswith(b"\r\nauthorization: Bearer k")
+    assert result.errors == 0, result.error_kinds
+    assert result.requests > 0
+    assert result.events_per_answer == 7  # 6 deltas + [DONE]
 
 
 async def test_loadgen_flags_a_stream_with_the_wrong_event_count() -> None:
@@ -239,6 +266,64 @@ def test_rows_pair_each_gateway_round_with_its_direct_round() -> None:
     assert targets["rps"]["value"] is None and targets["rps"]["passed"] is None
 
 
+def test_peer_rows_pair_with_the_direct_rounds_they_ran_beside() -> None:
+    measured = [
+        _round(DIRECT, 0, 10_000, 0.1),
+        _round(GATEWAY, 0, 2_000, 0.5),
+        _round("litellm:least-busy", 0, 100, 20.0),
+        _round("sglang:round_robin", 0, 3_000, 0.3),
+        _round(DIRECT, 1, 8_000, 0.2),
+        _round(GATEWAY, 1, 2_000, 0.4),
+        _round("sglang:round_robin", 1, 3_000, 0.6),
+    ]
+    rows = {r["target"]: r for r in build_rows(measured)}
+    order = [r["target"] for r in build_rows(measured)]
+    assert order == [DIRECT, GATEWAY, "litellm:least-busy", "sglang:round_robin"]
+    litellm = rows["litellm:least-busy"]
+    assert litellm["rounds"] == 1
+    assert litellm["added_p50_ms"] == pytest.approx(19.9)  # against direct round 0 only
+    assert litellm["rps_ratio_vs_direct"] == pytest.approx(0.01)
+    assert rows["sglang:round_robin"]["added_p50_ms"] == pytest.approx(0.3)  # 0.2 and 0.4
+    # Peers are never scored against the gateway's targets.
+    assert {t["value"] for t in evaluate_targets(list(rows.values()))} == {None, 0.3}
+
+
+async def test_peers_not_installed_are_listed_as_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMGW_CACHE", str(tmp_path / "empty-cache"))
+    info = FleetInfo(("http://127.0.0.1:9",), MODEL, (None,), None, 16, "static")
+    async with peer_routers(overhead.DEFAULT_PEERS, info) as runs:
+        assert [r.name for r in runs] == list(overhead.DEFAULT_PEERS)
+        for r in runs:
+            assert not r.running and r.contender is None and r.cpu_seconds() == 0.0
+            assert r.status.startswith("not run: ") and "is not installed" in r.status
+            assert r.version is None
+    section = "\n".join(peers_markdown([r.as_json() for r in runs]))
+    assert "## Peers" in section
+    assert "| sglang:round_robin | - | not run: sglang-router is not installed" in section
+    assert "| litellm:least-busy | - | not run: litellm is not installed" in section
+
+
+def _parse(*argv: str) -> overhead.Params:
+    parser = argparse.ArgumentParser()
+    overhead.add_arguments(parser)
+    return overhead.params_from_args(parser.parse_args(list(argv)))
+
+
+def test_peer_options() -> None:
+    assert _parse().peers == overhead.DEFAULT_PEERS
+    assert _parse("--peers", "vllm-router:round_robin").peers == ("vllm-router:round_robin",)
+    off = _parse("--no-peers")
+    assert off.peers == () and off.peers_off
+    with pytest.raises(ValueError, match="unknown peer"):
+        _parse("--peers", "nginx:round_robin")
+    with pytest.raises(ValueError, match="together"):
+        _parse("--peers", "sglang:round_robin", "--no-peers")
+    with pytest.raises(ValueError, match="litellm-rounds"):
+        _parse("--litellm-rounds", "0")
+
+
 def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     overhead.add_arguments(parser)
@@ -256,6 +341,7 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
             "8",
             "--out",
             str(out),
+            "--no-peers",
         ]
     )
     assert overhead.run(args) == 0
@@ -276,6 +362,9 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     assert results["parameters"]["concurrency"] == [1, 4]
     assert results["parameters"]["grpc_clients"] == 2
     assert results["machine"]["cpus_usable"] >= 1
+    assert results["parameters"]["peers"] == []
+    peers = {r["name"]: r["status"] for r in results["peers"]}
+    assert peers == {name: "not run: --no-peers" for name in overhead.DEFAULT_PEERS}
     assert [t["passed"] is None for t in results["targets"]] == [False, True, False]
     assert len(results["rounds"]) == len(rows)
     report = (out / "report.md").read_text()
@@ -284,3 +373,4 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     assert "rps_ratio_vs_direct" in report
     assert "| gateway-grpc | 4 | yes |" in report
     assert "direct baseline of the gRPC rows is the direct HTTP round" in report
+    assert re.search(r"\| vllm-router:round_robin \| [^|]+ \| not run: --no-peers \|", report)
