@@ -28,12 +28,14 @@ FULL_RATES: dict[str, tuple[float, ...]] = {
 QUICK_GATEWAY = ("round_robin", "precise", "default")
 # Real vLLM on CPU: a tiny model with a 1,024-token context, a few requests/s at most.
 VLLM_CPU_RATES: dict[str, tuple[float, ...]] = dict.fromkeys(FULL_RATES, (0.5, 1.0, 2.0))
+# In workload words: the tiny model's tokenizer makes ~3.4 tokens of each, and every prompt
+# plus its output must fit the 1,024-token context.
 VLLM_CPU_SIZES: dict[str, dict[str, Any]] = {
-    "shared_prefix": {"prefix": 384, "question": 64, "output": 32},
-    "generated_shared_prefix": {"prefix": 256, "question": 32, "output": 32},
-    "multi_round_chat": {"system": 128, "question": 32, "answer": 32, "turns": 4},
-    "low_sharing": {"prompt": 256, "output": 32},
-    "bimodal": {"short_in": 64, "short_out": 16, "long_in": 640, "long_out": 64},
+    "shared_prefix": {"prefix": 160, "question": 24, "output": 32},
+    "generated_shared_prefix": {"prefix": 96, "question": 16, "output": 32},
+    "multi_round_chat": {"system": 48, "question": 16, "answer": 16, "turns": 4},
+    "low_sharing": {"prompt": 96, "output": 32},
+    "bimodal": {"short_in": 24, "short_out": 16, "long_in": 200, "long_out": 64},
 }
 QUICK_RATES: dict[str, tuple[float, ...]] = {"shared_prefix": (8.0, 24.0), "low_sharing": (16.0,)}
 

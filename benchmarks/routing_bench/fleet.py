@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.routing_bench.contenders import FleetInfo
-from benchmarks.routing_bench.workloads import FleetSize
+from benchmarks.routing_bench.workloads import FleetSize, Words
 
 _REPO = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 60.0
@@ -171,15 +172,26 @@ async def start_vllm_cpu(replicas: int, num_gpu_blocks: int, block_size: int) ->
         block_size,
         "vllm-cpu",
     )
-    size = FleetSize(replicas, num_gpu_blocks, block_size)
+    size = FleetSize(replicas, num_gpu_blocks, block_size, _word_tokens(info.tokenizer))
     params = {
         "fleet": "vllm-cpu",
+        "word_tokens": size.word_tokens,
         "replicas": replicas,
         "num_gpu_blocks": num_gpu_blocks,
         "block_size": block_size,
         "time_scale": 1.0,
     }
     return RunningFleet(info, size, params, pids, None, fleet)
+
+
+def _word_tokens(tokenizer_dir: str | None) -> float:
+    """Model tokens per workload word, so working sets are sized in the fleet's own tokens."""
+    if not tokenizer_dir:
+        return 1.0
+    from cache_index.tokenizer import load_tokenizer
+
+    sample = Words().text(random.Random(0), 1000)
+    return round(len(load_tokenizer(tokenizer_dir).encode_plain(sample)) / 1000, 2)
 
 
 def _pid_of(replica: Any) -> int | None:

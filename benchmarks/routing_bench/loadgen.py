@@ -36,7 +36,7 @@ class LoadSpec:
     model: str
     workload: str
     seed: int
-    size: tuple[int, int, int]  # replicas, blocks per replica, block size
+    size: tuple[int, int, int, float]  # replicas, blocks per replica, block size, word tokens
     rates: tuple[float, ...]
     step_s: float
     warmup_rate: float

