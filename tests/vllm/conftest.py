@@ -7,9 +7,7 @@ machine without the engine; it is refused under CI.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +27,7 @@ from gateway.config import (
     ServerConfig,
 )
 from gateway.server import RunningGateway, running_gateway
+from tests.conformance.helpers import wait_for
 
 if os.environ.get("LLMGW_SKIP_VLLM") == "1":
     if os.environ.get("CI"):
@@ -101,15 +100,8 @@ async def _all_healthy(gw: RunningGateway) -> bool:
 async def wait_until(
     probe: Callable[[], Awaitable[Any]], what: str, within: float = 15.0, interval: float = 0.05
 ) -> Any:
-    """Poll `probe` until truthy; fail naming `what` (and the last value) at the deadline."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r:.300})")
+    """Poll `probe` until truthy (the conformance suite's poller, with real-vLLM deadlines)."""
+    return await wait_for(probe, what, within=within, interval=interval)
 
 
 async def metric(client: httpx.AsyncClient, url: str, name: str) -> float:

@@ -86,7 +86,7 @@ async def test_client_disconnect_aborts_on_the_replica(fleet: VllmFleet) -> None
                 return await _fleet_running(direct, fleet) >= 1
 
             # The gauge follows engine steps: a stream's first chunks can precede it.
-            await wait_until(running, "vllm:num_requests_running >= 1", within=3.0)
+            await wait_until(running, "vllm:num_requests_running >= 1", within=6.0, interval=0.02)
         dropped = time.monotonic()
 
         async def stopped() -> bool:
