@@ -23,6 +23,7 @@ from cache_index.kv_events import (
     encode_seq,
     normalize_hash,
 )
+from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import Mode, PrefixIndex, ReplicaBlocks, ReplicaStats, TokensToHashes
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
@@ -50,6 +51,7 @@ __all__ = [
     "KvEvent",
     "KvEventDecodeError",
     "Mode",
+    "PrefixHome",
     "PrefixIndex",
     "PromptCache",
     "QueueFull",

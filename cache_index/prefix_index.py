@@ -324,6 +324,11 @@ class PrefixIndex:
         r = self._replicas.get(replica)
         return "precise" if r is not None and r.precise else "approximate"
 
+    def blocks(self, replica: str) -> int:
+        """Blocks the index holds for `replica` in its active mode (0 if unknown)."""
+        r = self._replicas.get(replica)
+        return 0 if r is None else r.size
+
     def stats(self) -> dict[str, ReplicaStats]:
         """Per-replica counters for metrics."""
         return {name: r.stats() for name, r in self._replicas.items()}

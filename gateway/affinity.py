@@ -11,6 +11,7 @@ from typing import Any
 
 from cache_index.chat_template import ChatTemplate, load_chat_template
 from cache_index.hashing import block_hashes, char_block_hashes, prompt_hash
+from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
@@ -37,8 +38,13 @@ class Affinity:
         self.prompts = PromptCache(ttl_s=cfg.prompt_cache_ttl_s, max_entries=cfg.max_prompts)
         self.sessions = SessionAffinity(ttl_s=cfg.session_ttl_s, max_entries=cfg.max_sessions)
         self.prefixes = PrefixIndex(
-            default_capacity=cfg.default_capacity_blocks, max_total_blocks=cfg.max_total_blocks
+            default_capacity=cfg.default_capacity_blocks,
+            approx_ratio=cfg.history_ratio,
+            max_total_blocks=cfg.max_total_blocks,
         )
+        # Homes are kept for precise replicas only (approximate ones remember their routing
+        # history in the index itself); an eighth of the index's bound (~100 B an entry).
+        self.homes = PrefixHome(max(1, cfg.max_total_blocks // 8))
         self._session_header = cfg.session_header.lower().encode()
         # Without a tokenizer a 64-character block is about 16 tokens (~4 characters each).
         self.block_tokens = cfg.block_size if self.tokenizer else max(1, cfg.block_chars // 4)
@@ -98,6 +104,12 @@ class Affinity:
         affinity, kind = self.prompts.get(p_hash, now), "prompt_cache"
         if affinity is None and session is not None:
             affinity, kind = self.sessions.get(session, now), "session"
+        match = self.prefixes.match(hashes) if hashes else {}
+        if affinity is None and not match and hashes:
+            # No cache holds any of it: if vLLM evicted it, send it back where it lived.
+            home = self.homes.lookup(hashes)
+            if home is not None:
+                affinity, kind = home[0], "prefix_home"
         return replace(
             req.features,
             prompt_tokens=tokens,
@@ -105,7 +117,7 @@ class Affinity:
             prompt_hash=p_hash,
             block_hashes=hashes,
             session=session,
-            prefix_match=self.prefixes.match(hashes) if hashes else {},
+            prefix_match=match,
             block_tokens=self.block_tokens,
             affinity_replica=affinity,
             affinity_kind=kind if affinity is not None else None,
@@ -135,9 +147,12 @@ class Affinity:
             self.sessions.put(features.session, replica, now)
         if features.block_hashes:
             self.prefixes.record_routed(replica, features.block_hashes, now)
+            if self.prefixes.mode(replica) == "precise":
+                self.homes.record(replica, features.block_hashes)
 
     def forget_replica(self, replica: str) -> None:
         """A replica restarted or left: nothing it cached can be trusted."""
         self.prompts.forget_replica(replica)
         self.sessions.forget_replica(replica)
         self.prefixes.remove_replica(replica)
+        self.homes.forget_replica(replica)

@@ -185,6 +185,10 @@ class CacheIndexConfig:
     max_sessions: int = 100_000
     # Blocks assumed per replica until its vllm:cache_config_info is scraped.
     default_capacity_blocks: int = 16_384
+    # Approximate mode remembers this many times a replica's cache of routing history, so
+    # a prefix vLLM evicted under pressure still routes back to the replica that had it
+    # (recomputed there) instead of being placed anew: a stable prefix-to-replica map.
+    history_ratio: float = 4.0
     # Memory bound of the whole prefix index (about 200 bytes per block).
     max_total_blocks: int = 2_000_000
 
@@ -194,6 +198,7 @@ class CacheIndexConfig:
         for name in ("prompt_cache_ttl_s", "session_ttl_s"):
             _positive(name, getattr(self, name))
         _positive("default_capacity_blocks", self.default_capacity_blocks)
+        _positive("history_ratio", self.history_ratio)
         _positive("max_total_blocks", self.max_total_blocks)
 
 

@@ -77,6 +77,7 @@ class KvEventSubscriber:
                     continue
                 frames = await sock.recv_multipart()
                 self._apply(replica.name, frames)
+                replica.cached_blocks = self._index.blocks(replica.name)
         finally:
             sock.close(0)
 

@@ -144,6 +144,7 @@ class Pipeline:
                 exchange = await self._attempt(req, sent, decision, lease, started)
                 if exchange.status < 400:
                     self._affinity.record(features, name)
+                    self._refresh_footprints()
                 if span is not None:
                     end_attempt(span, "ok")
                 return exchange
@@ -170,6 +171,12 @@ class Pipeline:
                 replica.queued_prefill_tokens -= prefill
         assert last is not None
         raise last
+
+    def _refresh_footprints(self) -> None:
+        # Recording may also have evicted other replicas' entries (the index's total bound).
+        blocks = self._affinity.prefixes.blocks
+        for r in self._pool:
+            r.cached_blocks = blocks(r.name)
 
     async def _first_route(self, features: RequestFeatures) -> Decision:
         """Route, or wait in the admission queue while every replica is saturated."""

@@ -44,6 +44,8 @@ class ReplicaState:
     loaded_adapters: frozenset[str] = frozenset()
     # Prompt tokens the gateway sent here that have not produced a first byte yet.
     queued_prefill_tokens: int = 0
+    # Blocks the tier-2 prefix index holds for this replica (refreshed as it changes).
+    cached_blocks: int | None = None
     # Worker heartbeat or NVML.
     gpu_mem_used_frac: float | None = None
     gpu_util: float | None = None
@@ -82,6 +84,7 @@ class ReplicaState:
             self.in_flight,
             self.healthy,
             self.queued_prefill_tokens,
+            self.cached_blocks,
             self.metrics,
             fresh,
             gpu_ok,
@@ -133,6 +136,7 @@ class ReplicaState:
             freshness=fresh,
             loaded_adapters=self.loaded_adapters,
             queued_prefill_tokens=self.queued_prefill_tokens,
+            cached_blocks=self.cached_blocks,
         )
 
 

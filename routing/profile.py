@@ -107,6 +107,10 @@ _LOAD_SCORERS = (
 def _prefix(name: str) -> ProfileSpec:
     # Prefix affinity weighs as much as two load signals, and the affinity_guard picker keeps
     # it from overloading a holder (weights and guard as measured, see _GUARD).
+    # cache_footprint (place new prefixes on the emptiest cache) is left out: measured, it
+    # matched load-only placement on the shared-prefix workload, and after a workload shift
+    # a replica full of stale cache got no new requests for seconds
+    # (benchmarks/results/2026-11-29c-routing-sim/analysis.md).
     scorers = (*_LOAD_SCORERS[:3], PluginSpec("prefix_affinity", 2.0), _LOAD_SCORERS[3])
     return ProfileSpec(name, _AFFINITY_FILTERS, scorers, _GUARD)
 

@@ -8,6 +8,7 @@ from types import MappingProxyType
 from routing.plugin import AnyFactory, PluginInfo
 from routing.plugins import (
     affinity_guard,
+    cache_footprint,
     congestion,
     feedback_weight,
     fusion,
@@ -43,6 +44,7 @@ _FACTORIES: tuple[AnyFactory, ...] = (
     kv_utilization.FACTORY,
     token_load.FACTORY,
     prefix_affinity.FACTORY,
+    cache_footprint.FACTORY,
     weight.FACTORY,
     seed_composite.FACTORY,
     fusion.FACTORY,

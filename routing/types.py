@@ -55,6 +55,9 @@ class ReplicaSnapshot:
     # Prompt tokens of this gateway's requests sent to the replica and not yet past prefill
     # (maintained by the gateway, exact like in_flight).
     queued_prefill_tokens: int = 0
+    # Blocks the gateway's tier-2 index holds for the replica (KV events, or routing history);
+    # None when the gateway keeps no index.
+    cached_blocks: int | None = None
     # LoRA adapters currently loaded on the replica (from vLLM's lora_requests_info metric).
     loaded_adapters: frozenset[str] = frozenset()
 
@@ -80,7 +83,8 @@ class RequestFeatures:
     # Prompt tokens per block of block_hashes (the replicas' block size, or ~block_chars / 4).
     block_tokens: int = 16
     affinity_replica: str | None = None
-    # Why affinity_replica is set: "prompt_cache" (tier-1 prompt hash) or "session".
+    # Why affinity_replica is set: "prompt_cache" (tier-1 prompt hash), "session", or
+    # "prefix_home" (no cache holds the prompt; its prefix was last sent there).
     affinity_kind: str | None = None
     # Routing hints from the client (e.g. x-model-hint -> {"arch": "int4"}), matched to labels.
     hints: Mapping[str, str] = field(default_factory=dict)

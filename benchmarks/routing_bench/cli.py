@@ -83,6 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="TOML with [routing.profiles.X] tables: each X runs approximate and precise (+kv)",
     )
     parser.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds, each a full run of every workload (default: --seed); "
+        "the report folds them (median, mean success) and shows the per-seed spread",
+    )
+    parser.add_argument(
+        "--seeds-for",
+        help="comma-separated workloads that run every seed (default: all); the others run "
+        "the first seed only",
+    )
     parser.add_argument("--replicas", type=int, default=None, help="fleet size (sim 8, vllm-cpu 2)")
     parser.add_argument(
         "--num-gpu-blocks",
@@ -98,7 +108,8 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
     vllm = args.fleet == "vllm-cpu"
     rates = QUICK_RATES if args.quick else FULL_RATES
     names = args.workloads.split(",") if args.workloads else list(rates)
-    unknown = [n for n in names if n not in WORKLOADS]
+    seeded = args.seeds_for.split(",") if args.seeds_for else []
+    unknown = [n for n in (*names, *seeded) if n not in WORKLOADS]
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(unknown)}")
     ladder = {n: (VLLM_CPU_RATES if vllm else rates).get(n, FULL_RATES[n]) for n in names}
@@ -127,7 +138,8 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         step_s=args.step_s or (3.0 if args.quick else 5.0),
         warmup_timeout_s=20.0 if args.quick else 30.0,
         drain_s=8.0 if args.quick else 15.0,
-        seed=args.seed,
+        seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (args.seed,),
+        seeds_for=tuple(args.seeds_for.split(",")) if args.seeds_for else None,
         gateway_labels=labels,
         custom_profiles=Path(args.custom_profiles) if args.custom_profiles else None,
         with_peers=not args.no_peers,
@@ -138,8 +150,8 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
 
 
 _OPTIONS = ("quick", "fleet", "out", "workloads", "rates", "step_s", "gateway", "peers", "no_peers",
-            "custom_profiles", "seed", "replicas", "num_gpu_blocks", "time_scale",
-            "stream_interval")  # fmt: skip
+            "custom_profiles", "seed", "seeds", "seeds_for", "replicas", "num_gpu_blocks",
+            "time_scale", "stream_interval")  # fmt: skip
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.routing_bench.targets import best_profile, evaluate
+from benchmarks.routing_bench.targets import best_profile, evaluate, top_load
 
 REQUIRED = (
     "contender",
@@ -26,7 +26,7 @@ REQUIRED = (
 )
 _COLUMNS = (
     ("QPS", "offered_qps", "{:g}"),
-    ("n", "requests", "{}"),
+    ("n", "requests", "{:.0f}"),
     ("TTFT p50", "ttft_p50_s", "{:.3f}"),
     ("p90", "ttft_p90_s", "{:.3f}"),
     ("p99", "ttft_p99_s", "{:.3f}"),
@@ -99,10 +99,20 @@ def _all_failed(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
-def write_results(path: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    """results.json: {"meta": ..., "rows": [...]} with every required key on every row."""
+def write_results(
+    path: Path,
+    meta: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    seed_rows: Sequence[Mapping[str, Any]] = (),
+) -> None:
+    """results.json: {"meta", "rows", "seed_rows"}; every required key on every row.
+
+    rows: one per contender x workload x load, folded over seeds (benchmarks.routing_bench
+    .aggregate); seed_rows: the per-seed rows they were folded from.
+    """
     full = [{**{k: None for k in REQUIRED}, **r} for r in rows]
-    path.write_text(json.dumps({"meta": meta, "rows": full}, indent=1, default=str) + "\n")
+    data = {"meta": meta, "rows": full, "seed_rows": list(seed_rows)}
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
 def render_markdown(
@@ -125,7 +135,11 @@ def render_markdown(
     for k, v in (meta.get("machine") or {}).items():
         md.append(f"- {k}: {v}")
     md += ["", "## Parameters and seeds", "", f"- command: `{meta.get('command', '')}`"]
-    md.append(f"- seed: {meta.get('seed')} (workload content, arrival times; same for everyone)")
+    seeds = meta.get("seeds") or [meta.get("seed")]
+    md.append(
+        f"- seeds: {', '.join(str(x) for x in seeds)} (workload content, arrival times; the same "
+        "for every contender); each figure is the median over seeds (success rate: the mean)"
+    )
     md.append(f"- fleet: {json.dumps(meta.get('fleet'))}")
     md.append(f"- plan: {json.dumps(meta.get('plan'))}")
     for wl, p in (meta.get("workloads") or {}).items():
@@ -142,6 +156,7 @@ def render_markdown(
             f"Best of our profiles overall{tag}: **{best}** (mean TTFT p90 relative to "
             f"the best of ours per workload at its top load; lower is better: {ranked}).",
         ]
+    md += _spread(rows)
     dead = _all_failed(rows)
     if dead:
         md += ["", "## Contenders whose every request failed", ""]
@@ -193,11 +208,47 @@ def render_markdown(
     return "\n".join(md)
 
 
+def _spread(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Per-seed values at the load the targets read, for the shared-prefix workload."""
+    qps = top_load(rows, "shared_prefix")
+    at = [
+        r
+        for r in rows
+        if r.get("workload") == "shared_prefix" and r.get("offered_qps") == qps and r.get("by_seed")
+    ]
+    if not at or len(at[0]["seeds"]) < 2:
+        return []
+    md = [
+        "",
+        f"Per seed (shared_prefix @ {qps:g} req/s; seeds {at[0]['seeds']}):",
+        "",
+        "| contender | TTFT p90 s | output tok/s | success | hit rate |",
+        "|---|---|---|---|---|",
+    ]
+    for r in sorted(at, key=lambda r: str(r["contender"])):
+        b = r["by_seed"]
+        cells = [
+            " / ".join(_fmt(v, f) for v in b.get(k) or ())
+            for k, f in (
+                ("ttft_p90_s", "{:.2f}"),
+                ("output_tok_s", "{:.0f}"),
+                ("success_rate", "{:.1%}"),
+                ("hit_rate", "{:.1%}"),
+            )
+        ]
+        md.append(f"| {r['contender']} | " + " | ".join(cells) + " |")
+    return md
+
+
 def write_report(
-    out: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], plots: Sequence[str]
+    out: Path,
+    meta: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    plots: Sequence[str],
+    seed_rows: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    write_results(out / "results.json", meta, rows)
+    write_results(out / "results.json", meta, rows, seed_rows)
     (out / "report.md").write_text(render_markdown(meta, rows, plots))
 
 

@@ -121,11 +121,12 @@ async def run_one(
     work: Path,
     overrides: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
+    tag_suffix: str = "",
 ) -> list[dict[str, Any]]:
     """Run the workload's warm-up and rate ladder through `base_url`; one row per rate."""
     await wait_idle(session, fleet.info.urls)
     await reset_caches(session, fleet.info.urls)
-    tag = f"{contender.replace(':', '_')}-{workload}"
+    tag = f"{contender.replace(':', '_')}-{workload}{tag_suffix}"
     jsonl = work / f"{tag}.jsonl"
     spec = LoadSpec(
         url=base_url,

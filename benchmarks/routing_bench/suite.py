@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.overhead_procs import machine_info
+from benchmarks.routing_bench.aggregate import fold_seeds
 from benchmarks.routing_bench.contenders import Contender, ContenderUnavailable
 from benchmarks.routing_bench.fleet import RunningFleet, SimParams, start_sim, start_vllm_cpu
 from benchmarks.routing_bench.gateway_contender import GatewayMode, gateway_contenders
@@ -35,7 +36,8 @@ class SuiteConfig:
     warmup_rate: float = 20.0
     warmup_timeout_s: float = 30.0
     drain_s: float = 15.0
-    seed: int = 0
+    seeds: tuple[int, ...] = (0,)  # each workload runs once per seed; rows are folded
+    seeds_for: tuple[str, ...] | None = None  # workloads run on every seed (None: all)
     gateway_labels: tuple[str, ...] | None = None  # None: every built-in profile
     custom_profiles: Path | None = None
     with_peers: bool = True
@@ -131,38 +133,8 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
                     continue
                 try:
                     for wl in names:
-                        plan = Plan(
-                            cfg.workloads[wl],
-                            cfg.step_s,
-                            cfg.warmup_rate,
-                            cfg.warmup_timeout_s,
-                            cfg.drain_s,
-                            cfg.seed,
-                        )
-                        try:
-                            got = await run_one(
-                                session,
-                                fleet,
-                                c.name,
-                                url,
-                                c.pids(),
-                                wl,
-                                plan,
-                                raw,
-                                cfg.overrides.get(wl),
-                                dict(getattr(c, "headers", None) or {}),
-                            )
-                        except (RunError, aiohttp.ClientError, TimeoutError) as exc:
-                            _say(f"   {wl}: failed: {exc}")
-                            rows += _down(c.name, [wl], cfg.fleet, "failed", str(exc)[:300])
-                            continue
-                        rows += got
-                        top = got[-1]
-                        _say(
-                            f"   {wl}: top {top['offered_qps']:g} req/s TTFT p90 "
-                            f"{top['ttft_p90_s']} s, {top['output_tok_s']} tok/s, success "
-                            f"{top['success_rate']}, hit {top['hit_rate']}"
-                        )
+                        for seed in _seeds(cfg, wl):
+                            rows += await _run_seed(cfg, session, fleet, c, url, wl, seed, raw)
                 finally:
                     await c.stop()
     finally:
@@ -171,7 +143,8 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
     meta = {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": cfg.command,
-        "seed": cfg.seed,
+        "seeds": list(cfg.seeds),
+        "seeds_for": list(cfg.seeds_for) if cfg.seeds_for is not None else list(cfg.workloads),
         "machine": machine,
         "fleet": {
             **fleet.params,
@@ -190,15 +163,65 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
         "contenders": [c.name for c in contenders],
         "wall_s": round(time.monotonic() - t_start, 1),
     }
-    plots = plot_workloads(rows, cfg.out, simulated=cfg.fleet == "sim")
-    write_report(cfg.out, meta, rows, [p.name for p in plots])
-    return rows
+    folded = fold_seeds(rows)
+    plots = plot_workloads(folded, cfg.out, simulated=cfg.fleet == "sim")
+    write_report(cfg.out, meta, folded, [p.name for p in plots], seed_rows=rows)
+    return folded
+
+
+def _seeds(cfg: SuiteConfig, workload: str) -> tuple[int, ...]:
+    """Every seed for the workloads named by seeds_for (all by default), else the first."""
+    if cfg.seeds_for is None or workload in cfg.seeds_for:
+        return cfg.seeds
+    return cfg.seeds[:1]
+
+
+async def _run_seed(
+    cfg: SuiteConfig,
+    session: aiohttp.ClientSession,
+    fleet: RunningFleet,
+    c: Contender,
+    url: str,
+    wl: str,
+    seed: int,
+    raw: Path,
+) -> list[dict[str, Any]]:
+    """One contender x workload x seed: its rows, or one "failed" row with the reason."""
+    plan = Plan(
+        cfg.workloads[wl], cfg.step_s, cfg.warmup_rate, cfg.warmup_timeout_s, cfg.drain_s, seed
+    )
+    many = len(cfg.seeds) > 1
+    try:
+        got = await run_one(
+            session,
+            fleet,
+            c.name,
+            url,
+            c.pids(),
+            wl,
+            plan,
+            raw,
+            cfg.overrides.get(wl),
+            dict(getattr(c, "headers", None) or {}),
+            tag_suffix=f"-s{seed}" if many else "",
+        )
+    except (RunError, aiohttp.ClientError, TimeoutError) as exc:
+        _say(f"   {wl} (seed {seed}): failed: {exc}")
+        down = _down(c.name, [wl], cfg.fleet, "failed", str(exc)[:300])
+        return [{**r, "seed": seed} for r in down]
+    top = got[-1]
+    _say(
+        f"   {wl} (seed {seed}): top {top['offered_qps']:g} req/s TTFT p90 "
+        f"{top['ttft_p90_s']} s, {top['output_tok_s']} tok/s, success "
+        f"{top['success_rate']}, hit {top['hit_rate']}"
+    )
+    return [{**r, "seed": seed} for r in got]
 
 
 def _workload_meta(cfg: SuiteConfig, fleet: RunningFleet) -> dict[str, Any]:
     out = {}
     for wl in cfg.workloads:
-        w = make_workload(wl, fleet.size, cfg.seed, cfg.overrides.get(wl))
+        w = make_workload(wl, fleet.size, cfg.seeds[0], cfg.overrides.get(wl))
         ws = w.working_set_tokens
         out[wl] = {
             **w.params,

@@ -2,9 +2,10 @@
 
 The rule, in order (load = routing.scoring.load: in-flight, or running + waiting if larger;
 a replica passes the guard when load <= guard_ratio * mean candidate load + guard_slack):
-1. request.affinity_replica (tier 1: the replica that served this prompt or session) is a
-   candidate and passes the guard: pick it. Branch "session" when affinity_kind is
-   "session", else "prompt_cache_hit".
+1. request.affinity_replica (tier 1: the replica that served this prompt or session; or,
+   when no cache holds any of the prompt, the replica its prefix was last sent to) is a
+   candidate and passes the guard: pick it. Branch "session", "prefix_home" or
+   "prompt_cache_hit" after affinity_kind.
 2. Holders: candidates with request.prefix_match >= min_match_blocks (tier 2). Walk them
    by longest match, then least load; the first that passes the guard wins: "prefix_hit".
 3. An affinity replica or a holder exists but all fail the guard: "load_guard".
@@ -35,7 +36,11 @@ from routing.scoring import load
 from routing.types import Pick, ReplicaSnapshot, RequestFeatures
 
 _TIE_EPSILON = 1e-9
-_AFFINITY_BRANCH: dict[str | None, str] = {"session": "session", "prompt_cache": "prompt_cache_hit"}
+_AFFINITY_BRANCH: dict[str | None, str] = {
+    "session": "session",
+    "prompt_cache": "prompt_cache_hit",
+    "prefix_home": "prefix_home",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,11 @@ from routing.plugin import PluginFactory, param
 from routing.scoring import load
 from routing.types import Pick, ReplicaSnapshot, RequestFeatures
 
-_AFFINITY_BRANCH: dict[str | None, str] = {"session": "session", "prompt_cache": "prompt_cache_hit"}
+_AFFINITY_BRANCH: dict[str | None, str] = {
+    "session": "session",
+    "prompt_cache": "prompt_cache_hit",
+    "prefix_home": "prefix_home",
+}
 # Costs within this many tokens are a tie.
 _TIE_TOKENS = 1.0
 

@@ -97,6 +97,7 @@ def test_approx_ratio_scales_capacity(ratio: float, blocks: int, expected: int) 
     idx.set_capacity("r", blocks)
     idx.record_routed("r", list(range(1000)), now=0.0)
     assert len(idx) == expected
+    assert idx.blocks("r") == expected and idx.blocks("unknown") == 0
 
 
 def test_default_capacity_and_total_cap_hold_at_ten_times_capacity() -> None:

@@ -12,6 +12,7 @@ from cache_index.tokenizer import BuiltinTokenizer
 from gateway.affinity import Affinity
 from gateway.config import CacheIndexConfig
 from gateway.requests import parse_request
+from routing.types import RequestFeatures
 
 
 def _affinity(tokenizer: str = "builtin") -> Affinity:
@@ -74,3 +75,46 @@ async def test_long_prompts_are_tokenized_off_the_loop(words: int) -> None:
     got = await aff.features_off_loop(req, [])
     assert (threads == {threading.main_thread().name}) == (words < 4096)
     assert got == aff.features(req, [])
+
+
+def test_an_evicted_prefix_goes_home_on_precise_replicas_only() -> None:
+    from cache_index.kv_events import AllBlocksCleared, EventBatch
+
+    aff = _affinity()
+    # seq 0 with a cache reset: the replica's index is precise (and empty: nothing stored).
+    aff.prefixes.apply_events("rep-p", EventBatch(0.0, (AllBlocksCleared(),)), 0)
+    system = "shared system prompt " * 30
+
+    def ask(q: str, rid: str) -> RequestFeatures:
+        return aff.features(parse_request("completions", _completion(system + q), rid), [])
+
+    first = ask("first?", "r1")
+    aff.record(first, "rep-p")
+    again = ask("second?", "r2")
+    assert again.prefix_match == {}  # no KV event says rep-p holds it
+    assert (again.affinity_replica, again.affinity_kind) == ("rep-p", "prefix_home")
+    # An approximate replica's routing history is its index: a match, not a home.
+    aff.record(again, "rep-a")
+    third = ask("third?", "r3")
+    assert third.prefix_match and set(third.prefix_match) == {"rep-a"}
+    assert third.affinity_replica is None
+
+
+@pytest.mark.parametrize(("ratio", "remembered"), [(1.0, False), (4.0, True)])
+def test_history_ratio_keeps_a_prefix_beyond_the_replicas_cache(
+    ratio: float, remembered: bool
+) -> None:
+    from dataclasses import replace
+
+    aff = Affinity(replace(CacheIndexConfig(), history_ratio=ratio), is_lora=lambda m: False)
+    aff.prefixes.set_capacity("rep", 40)  # vLLM's cache: 40 blocks
+
+    def feats(prompt: str, rid: str) -> RequestFeatures:
+        return aff.features(parse_request("completions", _completion(prompt), rid), [])
+
+    group = feats("group system prompt " * 40, "g")  # ~13 character blocks
+    aff.record(group, "rep")
+    for i in range(3):  # other traffic: ~39 blocks, more than the cache holds with the group
+        aff.record(feats(f"unrelated {i} " * 70, f"u{i}"), "rep")
+    again = feats("group system prompt " * 40, "g2")
+    assert (again.prefix_match.get("rep") == len(group.block_hashes)) is remembered

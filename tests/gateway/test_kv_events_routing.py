@@ -67,3 +67,12 @@ async def test_kv_events_fill_and_clear_the_precise_index() -> None:
             await eventually(
                 lambda: served.name not in index.match(hashes), what="blocks gone after restart"
             )
+            # Its cache is empty now, but the prefix goes back to the replica that had it
+            # (recomputed there) instead of being placed anew: a new question on the same
+            # prefix, so tier 1 (whole-prompt hash) cannot be what sends it.
+            before = served.requests_total
+            other = {**body, "prompt": PROMPT + "And one more question?"}
+            r = await c.post("/v1/completions", json=other)
+            assert r.status_code == 200
+            assert served.requests_total == before + 1
+            assert 'branch="prefix_home"' in (await c.get("/metrics")).text

@@ -8,7 +8,7 @@ from collections import Counter
 import httpx
 
 from benchmarks.sim import SimFleet
-from gateway.config import ScoreLoopConfig
+from gateway.config import PluginConfig, ProfileConfig, RoutingConfig, ScoreLoopConfig
 from gateway.server import running_gateway
 from tests.gateway.conftest import MODEL, SIM, eventually, gateway_config
 
@@ -140,3 +140,28 @@ async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
             # ...but affinity held while the holder was not loaded (2 x mean + 8: 17 of 24).
             assert most >= 12, spread
             assert 'branch="load_guard"' in (await c.get("/metrics")).text
+
+
+async def test_new_prefixes_spread_over_the_emptiest_caches() -> None:
+    # One request at a time: every replica is idle when the next arrives, so load cannot tell
+    # them apart; the cache footprint must (two new prefixes per replica, not by chance).
+    systems = [f"Tenant {t} handbook. " + " ".join(f"clause-{t}-{i}." for i in range(150))
+               for t in range(8)]  # fmt: skip
+    spread = ProfileConfig(
+        picker=PluginConfig("affinity_guard"),
+        filters=(PluginConfig("healthy"), PluginConfig("serves_model")),
+        scorers=(PluginConfig("least_inflight"), PluginConfig("cache_footprint", 2.0)),
+    )
+    routing = RoutingConfig(profile="spread", profiles={"spread": spread})
+    async with (
+        SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
+        running_gateway(gateway_config(fleet, routing=routing)) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as c,
+    ):
+        for system in systems:
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 2}
+            assert (await c.post("/v1/chat/completions", json=body)).status_code == 200
+        pool = list(gw.runtime.pool)
+        assert [r.requests_total for r in pool] == [2, 2, 2, 2]
+        assert all((r.cached_blocks or 0) > 0 for r in pool)

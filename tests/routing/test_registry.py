@@ -27,7 +27,7 @@ def test_first_plugins_have_the_expected_kinds() -> None:
     for name in ("saturation", "lora_affinity", "label"):
         assert kinds[name] == "filter", name
     for name in (
-        *("prefix_affinity", "queue_load", "kv_utilization", "token_load"),
+        *("prefix_affinity", "queue_load", "kv_utilization", "token_load", "cache_footprint"),
         *("seed_composite", "fusion", "latency_tier", "feedback_weight", "congestion"),
     ):
         assert kinds[name] == "scorer", name

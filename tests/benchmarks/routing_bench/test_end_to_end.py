@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.routing_bench.fleet import SimParams
-from benchmarks.routing_bench.suite import SuiteConfig, _contenders, run_suite
+from benchmarks.routing_bench.suite import SuiteConfig, _contenders, _seeds, run_suite
 
 
 @pytest.mark.timeout(90)
@@ -52,3 +52,21 @@ def test_missing_peers_module_is_reported_not_dropped(monkeypatch: pytest.Monkey
     assert [c.name for c in contenders] == ["gateway:default"]
     assert missing[0]["contender"] == "peers"
     assert "peers module missing" in missing[0]["reason"]
+
+
+def test_seeds_option_runs_every_workload_once_per_seed() -> None:
+    import argparse
+
+    from benchmarks.routing_bench.cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--seeds", "0,1,2", "--workloads", "low_sharing"]))
+    assert cfg.seeds == (0, 1, 2)
+    assert "--seeds 0,1,2" in cfg.command
+    assert config_from_args(parser.parse_args(["--seed", "7"])).seeds == (7,)
+    some = parser.parse_args(["--seeds", "3,4", "--seeds-for", "shared_prefix"])
+    cfg = config_from_args(some)
+    assert (_seeds(cfg, "shared_prefix"), _seeds(cfg, "bimodal")) == ((3, 4), (3,))
+    with pytest.raises(ValueError, match="unknown workloads: nope"):
+        config_from_args(parser.parse_args(["--seeds-for", "nope"]))

@@ -89,3 +89,23 @@ def test_report_on_a_real_fleet_does_not_say_simulated() -> None:
     rows = [{**r, "fleet": "vllm-cpu"} for r in ROWS]
     md = render_markdown({"fleet": {"fleet": "vllm-cpu"}}, rows, [])
     assert "simulated" not in md.lower()
+
+
+def test_folded_seeds_show_their_spread_and_results_keep_the_seed_rows(tmp_path: Path) -> None:
+    from benchmarks.routing_bench.aggregate import fold_seeds
+
+    seed_rows = [
+        {**_row("gateway:default", "shared_prefix", 10, ttft_p90_s=t), "seed": s}
+        for s, t in ((0, 0.1), (1, 0.4), (2, 0.2))
+    ] + [{**_row("sglang:cache_aware", "shared_prefix", 10), "seed": s} for s in (0, 1, 2)]
+    rows = fold_seeds(seed_rows)
+    meta = {"fleet": {"fleet": "sim"}, "seeds": [0, 1, 2]}
+    md = render_markdown(meta, rows, [])
+    assert "- seeds: 0, 1, 2" in md
+    assert "Per seed (shared_prefix @ 10 req/s; seeds [0, 1, 2])" in md
+    assert "| gateway:default | 0.10 / 0.40 / 0.20 |" in md
+    write_report(tmp_path, meta, rows, [], seed_rows=seed_rows)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["rows"]) == 2 and len(data["seed_rows"]) == 6
+    (mine,) = [r for r in data["rows"] if r["contender"] == "gateway:default"]
+    assert mine["ttft_p90_s"] == 0.2 and mine["seeds"] == [0, 1, 2]
