@@ -18,7 +18,7 @@ from benchmarks.routing_bench.workloads import WORKLOADS
 # Offered loads (requests/s) per workload. The simulated fleet (8 replicas) keeps up with
 # about 16 req/s of shared-prefix traffic without cache affinity and well beyond with it.
 FULL_RATES: dict[str, tuple[float, ...]] = {
-    "shared_prefix": (10.0, 20.0, 30.0, 40.0),
+    "shared_prefix": (20.0, 30.0, 35.0, 40.0, 45.0),
     "generated_shared_prefix": (12.0, 24.0),
     "multi_round_chat": (12.0, 24.0),
     "low_sharing": (8.0, 16.0),
