@@ -3,35 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
-from gateway import identity
-from gateway.errors import BadRequest
+from gateway import hints, identity
 from gateway.grpc_gen import gateway_pb2 as pb
-from gateway.requests import Kind, ParsedRequest
+from gateway.hints import Hints
+from gateway.requests import Kind
 
 Request = pb.CompletionRequest | pb.ChatRequest
 Metadata = Sequence[tuple[str, str | bytes]]
-_MAX_HINT = 128
 # Transport keys of gRPC itself; the rest is passed on like HTTP headers are, so the pipeline
 # reads session and other routing headers the same way for both front ends.
 _TRANSPORT = frozenset({"user-agent", "content-type", "te", "authorization"})
-
-
-@dataclass(frozen=True, slots=True)
-class Hints:
-    """What request metadata says: routing hints and the headers to pass on."""
-
-    tenant: str | None = None
-    priority: int | None = None
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-
-
-def _plain(value: str) -> bool:
-    return 0 < len(value) <= _MAX_HINT and value.isprintable() and " " not in value
 
 
 def _passed_on(key: str) -> bool:
@@ -55,28 +40,12 @@ def read_hints(metadata: Metadata) -> Hints:
             continue
         values.setdefault(key, value)
         headers.append((key.encode("latin-1"), value.encode("latin-1", "replace")))
-    priority: int | None = None
-    if "x-priority" in values:
-        try:
-            priority = int(values["x-priority"])
-        except ValueError:
-            raise BadRequest("`x-priority` metadata must be an integer.") from None
-    tenant = values.get("x-tenant-id")
-    return Hints(
-        tenant=tenant if tenant and _plain(tenant) else None,
-        priority=priority,
-        headers=tuple(headers),
-    )
+    tenant, priority = hints.parse(values, "metadata")
+    return Hints(tenant=tenant, priority=priority, headers=tuple(headers))
 
 
-def apply_hints(req: ParsedRequest, hints: Hints) -> ParsedRequest:
-    """Tenant and metadata priority into the routing features (a `priority` field wins)."""
-    features = req.features
-    if hints.tenant is not None:
-        features = replace(features, tenant=hints.tenant)
-    if hints.priority is not None and "priority" not in req.data:
-        features = replace(features, priority=hints.priority)
-    return req if features is req.features else replace(req, features=features)
+# The shared rule (gateway.hints): a body `priority` field wins over metadata.
+apply_hints = hints.apply
 
 
 def _float(value: float) -> float:

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway import hints
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -174,7 +175,7 @@ class GatewayApp:
             body = await self._read_body(headers, receive)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
-            parsed = parse_request(kind, body, request_id)
+            parsed = hints.apply(parse_request(kind, body, request_id), hints.from_headers(headers))
         except _ClientGone:
             return
         except GatewayError as err:

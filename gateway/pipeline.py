@@ -272,6 +272,8 @@ class Pipeline:
                 replica=exchange.lease.replica.name,
                 branch=exchange.decision.branch,
                 stream=req.stream,
+                priority=req.features.priority,
+                **({"tenant": req.features.tenant} if req.features.tenant else {}),
             )
             exchange.trace.end(status if ok else 502)
         self._metrics.request_done(

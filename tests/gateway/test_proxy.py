@@ -180,3 +180,15 @@ async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
     assert "llm_gateway_request_duration_seconds_bucket" in text
     assert "llm_gateway_time_to_first_token_seconds_count" in text
     assert 'llm_gateway_in_flight_requests{replica="sim-0"} 0.0' in text
+
+
+async def test_a_malformed_priority_header_is_refused_before_routing(
+    client: httpx.AsyncClient, gateway: RunningGateway
+) -> None:
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "urgent"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "BadRequestError" and "`x-priority` header" in err["message"]
+    assert sum(rep.requests_total for rep in gateway.runtime.pool) == 0
+    ok = await client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "-3"})
+    assert ok.status_code == 200

@@ -77,7 +77,7 @@ async def test_request_and_retried_attempts_are_traced(
                     "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 2,
                 },
-                headers={"traceparent": PARENT},
+                headers={"traceparent": PARENT, "x-tenant-id": "acme", "x-priority": "3"},
             )
             assert r.status_code == 200
         assert gw.runtime.tracing is not None
@@ -95,3 +95,4 @@ async def test_request_and_retried_attempts_are_traced(
     done = _attrs(servers[0])
     assert done["llm_gateway.model"] == MODEL and done["http.response.status_code"] == 200
     assert done["llm_gateway.branch"] == "round_robin"
+    assert (done["llm_gateway.tenant"], done["llm_gateway.priority"]) == ("acme", 3)
