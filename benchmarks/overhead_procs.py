@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from benchmarks.procs import http_status, stop_process
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 from benchmarks.routing_bench.peers import PeerContender, peer_contenders
 from benchmarks.static_upstream import MODEL
@@ -24,7 +25,6 @@ from benchmarks.static_upstream import MODEL
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _REPO = Path(__file__).resolve().parents[1]
 _START_TIMEOUT_S = 20.0
-_STOP_TIMEOUT_S = 10.0
 _VERSIONED = (
     "uvloop",
     "uvicorn",
@@ -98,25 +98,7 @@ class _Child:
             )
 
     async def stop(self) -> None:
-        if self.proc.returncode is not None:
-            return
-        self.proc.terminate()
-        try:
-            async with asyncio.timeout(_STOP_TIMEOUT_S):
-                await self.proc.wait()
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
-
-async def _http_status(host: str, port: int, path: str) -> int:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
-        line = await reader.readline()
-        return int(line.split()[1]) if line.startswith(b"HTTP/1.1 ") else 0
-    finally:
-        writer.close()
+        await stop_process(self.proc)
 
 
 async def _wait_ready(child: _Child, host: str, port: int, path: str) -> None:
@@ -126,7 +108,7 @@ async def _wait_ready(child: _Child, host: str, port: int, path: str) -> None:
         child.check_alive()
         try:
             async with asyncio.timeout(1.0):
-                status = await _http_status(host, port, path)
+                status = await http_status(host, port, path)
             if status == 200:
                 return
             last = f"HTTP {status}"

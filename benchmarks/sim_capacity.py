@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from benchmarks.procs import stop_process
+
 PROMPT_WORDS = 200  # ~250 builtin tokens: a short, realistic prefill per request
 
 
@@ -133,8 +135,7 @@ async def _run(
                     for rec in orjson.loads(await resp.read()):
                         modelled[rec[0]] = rec
     finally:
-        proc.terminate()
-        await proc.wait()
+        await stop_process(proc)
     ttft_d: list[float] = []
     itl_d: list[float] = []
     m_itl: list[float] = []

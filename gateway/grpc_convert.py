@@ -44,10 +44,6 @@ def read_hints(metadata: Metadata) -> Hints:
     return Hints(tenant=tenant, priority=priority, headers=tuple(headers))
 
 
-# The shared rule (gateway.hints): a body `priority` field wins over metadata.
-apply_hints = hints.apply
-
-
 def _float(value: float) -> float:
     # proto floats are 32-bit: send 0.7, not 0.699999988079071.
     return float(f"{value:.7g}")

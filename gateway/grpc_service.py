@@ -23,6 +23,7 @@ from gateway.grpc_status import (
     from_stream_error,
     from_upstream,
 )
+from gateway.hints import apply as apply_hints
 from gateway.identity import ApiKeys
 from gateway.requests import Kind, ParsedRequest, parse_request
 from gateway.runtime import Runtime
@@ -114,7 +115,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             if self._runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             body = convert.request_body(kind, request, stream)
-            parsed = convert.apply_hints(parse_request(kind, body, rid), hints)
+            parsed = apply_hints(parse_request(kind, body, rid), hints)
             # The client's deadline bounds routing, retries and the whole stream.
             deadline = asyncio.timeout(_remaining(context))
             try:

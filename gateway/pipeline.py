@@ -144,7 +144,9 @@ class Pipeline:
                 exchange = await self._attempt(req, sent, decision, lease, started)
                 if exchange.status < 400:
                     self._affinity.record(features, name)
-                    self._refresh_footprints()
+                    # Only this replica's entry grew; another's may shrink when the index's
+                    # total bound evicts, and is then stale until it is next routed to.
+                    replica.cached_blocks = self._affinity.prefixes.blocks(name)
                 if span is not None:
                     end_attempt(span, "ok")
                 return exchange
@@ -171,12 +173,6 @@ class Pipeline:
                 replica.queued_prefill_tokens -= prefill
         assert last is not None
         raise last
-
-    def _refresh_footprints(self) -> None:
-        # Recording may also have evicted other replicas' entries (the index's total bound).
-        blocks = self._affinity.prefixes.blocks
-        for r in self._pool:
-            r.cached_blocks = blocks(r.name)
 
     async def _first_route(self, features: RequestFeatures) -> Decision:
         """Route, or wait in the admission queue while every replica is saturated."""

@@ -44,8 +44,9 @@ class ReplicaState:
     loaded_adapters: frozenset[str] = frozenset()
     # Prompt tokens the gateway sent here that have not produced a first byte yet.
     queued_prefill_tokens: int = 0
-    # Blocks the tier-2 prefix index holds for this replica (refreshed as it changes).
-    cached_blocks: int | None = None
+    # Blocks the tier-2 prefix index holds for this replica (updated when it is routed to
+    # and on each of its KV-event batches).
+    cached_blocks: int = 0
     # Worker heartbeat or NVML.
     gpu_mem_used_frac: float | None = None
     gpu_util: float | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.types import ReplicaSnapshot
+from routing.types import ReplicaSnapshot, RequestFeatures
 
 NEUTRAL = 0.5
 
@@ -42,6 +42,18 @@ def relative(values: Sequence[float], unit: float = 1.0) -> list[float]:
     low = min(values)
     scale = 1.0 / (max(values) - low + unit)
     return [1.0 - (x - low) * scale for x in values]
+
+
+_AFFINITY_BRANCH: dict[str | None, str] = {
+    "session": "session",
+    "prompt_cache": "prompt_cache_hit",
+    "prefix_home": "prefix_home",
+}
+
+
+def affinity_branch(request: RequestFeatures) -> str:
+    """The branch label of a pick that followed request.affinity_replica (by its kind)."""
+    return _AFFINITY_BRANCH.get(request.affinity_kind, "prompt_cache_hit")
 
 
 def load(r: ReplicaSnapshot) -> float:

@@ -13,12 +13,12 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.procs import stop_process
 from benchmarks.routing_bench.contenders import FleetInfo
 from benchmarks.routing_bench.workloads import FleetSize, Words
 
 _REPO = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 60.0
-_STOP_TIMEOUT_S = 10.0
 _HTTP_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
 # vLLM's metric names (v1); counters carry the _total suffix on the wire.
 RUNNING = "vllm:num_requests_running"
@@ -81,14 +81,7 @@ class RunningFleet:
 
     async def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(_STOP_TIMEOUT_S):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_process(proc)
         closer, self._closer = self._closer, None
         if closer is not None:
             await closer.__aexit__(None, None, None)

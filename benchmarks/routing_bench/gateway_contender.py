@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.procs import http_status, stop_process
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 
 _REPO = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 30.0
-_STOP_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,16 +82,6 @@ def _free_port(host: str) -> int:
         return port
 
 
-async def _status(host: str, port: int, path: str) -> int:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n".encode())
-        line = await reader.readline()
-        return int(line.split()[1]) if line.startswith(b"HTTP/1.1 ") else 0
-    finally:
-        writer.close()
-
-
 class GatewayContender:
     """Starts the gateway with a generated TOML; its log is kept for the error message."""
 
@@ -135,7 +125,7 @@ class GatewayContender:
                 raise ContenderUnavailable(f"gateway exited ({self._proc_rc()}): {tail}")
             try:
                 async with asyncio.timeout(1.0):
-                    code = await _status(self._host, port, "/ready")
+                    code = await http_status(self._host, port, "/ready")
                 if code == 200:
                     return f"http://{self._host}:{port}"
                 last = f"HTTP {code}"
@@ -150,15 +140,7 @@ class GatewayContender:
         return "?" if self._proc is None else str(self._proc.returncode)
 
     async def stop(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(_STOP_TIMEOUT_S):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_process(self._proc)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

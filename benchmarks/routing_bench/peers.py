@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.procs import STOP_TIMEOUT_S, http_status
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 
 HOST = "127.0.0.1"
 MASTER_KEY = "sk-llmgw-bench"  # LiteLLM refuses to start without one; it never leaves loopback
-_STOP_TIMEOUT_S = 10.0
 _POLL_S = 0.1
 _TAIL_CHARS = 1500
 
@@ -223,19 +223,6 @@ def _litellm(pkg: PeerPackage, strategy: str, fleet: FleetInfo, port: int, work:
     return Launch(litellm_argv(exe, config, port), env, "/v1/models", LITELLM_HEADERS)
 
 
-async def _status(port: int, path: str, headers: Mapping[str, str]) -> int:
-    reader, writer = await asyncio.open_connection(HOST, port)
-    try:
-        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        writer.write(
-            f"GET {path} HTTP/1.1\r\nhost: {HOST}\r\n{extra}connection: close\r\n\r\n".encode()
-        )
-        line = await reader.readline()
-        return int(line.split()[1]) if line.startswith(b"HTTP/1.") else 0
-    finally:
-        writer.close()
-
-
 def _descendants(pid: int) -> list[int]:
     out: list[int] = []
     todo = [pid]
@@ -266,7 +253,7 @@ class PeerContender:
         policy: str,
         launch: Callable[[PeerPackage, str, FleetInfo, int, Path], Launch],
         start_timeout_s: float = 30.0,
-        stop_timeout_s: float = _STOP_TIMEOUT_S,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
         headers: Mapping[str, str] = {},
     ) -> None:
         self.name = name
@@ -333,7 +320,7 @@ class PeerContender:
                 )
             try:
                 async with asyncio.timeout(2.0):
-                    code = await _status(port, spec.ready_path, spec.headers)
+                    code = await http_status(HOST, port, spec.ready_path, spec.headers)
                 if code == 200:
                     return
                 last = f"HTTP {code}"

@@ -82,53 +82,25 @@ def _compare(
 ) -> Target:
     qps = top_load(rows, workload)
     if qps is None:
-        return Target(
-            name,
-            workload,
-            None,
-            None,
-            None,
-            "",
-            limit,
-            higher_is_better,
-            None,
-            "no contender kept >= 99% success at any load",
-        )
+        note = "no contender kept >= 99% success at any load"
+        return Target(name, workload, None, None, None, "", limit, higher_is_better, None, note)
     at = _at(rows, workload, qps)
     ref_name, ref = reference(at)
     row = at.get(subject)
     value = None if row is None else row.get(metric)
+
+    def verdict(passed: bool | None, note: str = "") -> Target:
+        return Target(
+            name, workload, qps, value, ref, ref_name, limit, higher_is_better, passed, note
+        )
+
     if value is None or ref is None or ref_name == "":
         missing = subject if value is None else (ref_name or "a reference contender")
-        return Target(
-            name,
-            workload,
-            qps,
-            value,
-            ref,
-            ref_name,
-            limit,
-            higher_is_better,
-            None,
-            f"no {metric} from {missing} at {qps:g} req/s",
-        )
+        return verdict(None, f"no {metric} from {missing} at {qps:g} req/s")
     if ref == 0:
-        passed = value >= 0 if higher_is_better else value <= 0
-        return Target(
-            name,
-            workload,
-            qps,
-            value,
-            ref,
-            ref_name,
-            limit,
-            higher_is_better,
-            passed,
-            "reference is 0",
-        )
+        return verdict(value >= 0 if higher_is_better else value <= 0, "reference is 0")
     ratio = value / ref
-    passed = ratio >= limit if higher_is_better else ratio <= limit
-    return Target(name, workload, qps, value, ref, ref_name, limit, higher_is_better, passed)
+    return verdict(ratio >= limit if higher_is_better else ratio <= limit)
 
 
 def _best(

@@ -32,15 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import load
+from routing.scoring import affinity_branch, load
 from routing.types import Pick, ReplicaSnapshot, RequestFeatures
 
 _TIE_EPSILON = 1e-9
-_AFFINITY_BRANCH: dict[str | None, str] = {
-    "session": "session",
-    "prompt_cache": "prompt_cache_hit",
-    "prefix_home": "prefix_home",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +77,7 @@ class AffinityGuard:
         if target is not None:
             i = next((i for i, r in enumerate(replicas) if r.name == target), -1)
             if i >= 0 and loads[i] <= limit:
-                return Pick(i, _AFFINITY_BRANCH.get(request.affinity_kind, "prompt_cache_hit"))
+                return Pick(i, affinity_branch(request))
             guarded = i >= 0
         match = request.prefix_match
         if match:

@@ -32,8 +32,6 @@ from routing.plugin import PluginFactory, param
 from routing.scoring import relative
 from routing.types import ReplicaSnapshot, RequestFeatures
 
-_BLOCK_TOKENS = 16  # vLLM's default block size, when the request carries none
-
 
 @dataclass(frozen=True, slots=True)
 class Params:
@@ -55,7 +53,7 @@ class CacheFootprint:
         self._unit = params.unit_blocks
 
     def score(self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]) -> list[float]:
-        per_block = float(request.block_tokens or _BLOCK_TOKENS)
+        per_block = float(max(1, request.block_tokens))
         known = [
             r.cached_blocks + r.queued_prefill_tokens / per_block
             for r in replicas

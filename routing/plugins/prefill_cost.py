@@ -31,14 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import load
+from routing.scoring import affinity_branch, load
 from routing.types import Pick, ReplicaSnapshot, RequestFeatures
 
-_AFFINITY_BRANCH: dict[str | None, str] = {
-    "session": "session",
-    "prompt_cache": "prompt_cache_hit",
-    "prefix_home": "prefix_home",
-}
 # Costs within this many tokens are a tie.
 _TIE_TOKENS = 1.0
 
@@ -96,7 +91,7 @@ class PrefillCost:
         i = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
         if hits[i] > 0.0:
             if replicas[i].name == request.affinity_replica:
-                return Pick(i, _AFFINITY_BRANCH.get(request.affinity_kind, "prompt_cache_hit"))
+                return Pick(i, affinity_branch(request))
             return Pick(i, "prefix_hit")
         return Pick(i, "load_guard" if any(hits) else "miss_by_load")
 

@@ -9,7 +9,6 @@ import pytest
 from gateway.errors import BadRequest, ModelNotFound, NoHealthyReplica, UpstreamFailed
 from gateway.grpc_config import GrpcConfig
 from gateway.grpc_convert import (
-    apply_hints,
     model_list,
     read_hints,
     request_body,
@@ -23,6 +22,7 @@ from gateway.grpc_status import (
     from_stream_error,
     from_upstream,
 )
+from gateway.hints import apply as apply_hints
 from gateway.requests import parse_request
 
 
