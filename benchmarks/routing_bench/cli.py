@@ -5,20 +5,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.routing_bench.fleet import FleetError, SimParams
 from benchmarks.routing_bench.gateway_contender import BUILTIN_MODES
 from benchmarks.routing_bench.suite import SuiteConfig, run_suite
-from benchmarks.routing_bench.workloads import WORKLOADS
+from benchmarks.routing_bench.workloads import WORKLOADS, FleetSize, WorkloadError, make_workload
 
 # Offered loads (requests/s) per workload. The simulated fleet (8 replicas) keeps up with
 # about 16 req/s of shared-prefix traffic without cache affinity and well beyond with it.
 FULL_RATES: dict[str, tuple[float, ...]] = {
-    "shared_prefix": (20.0, 30.0, 35.0, 40.0, 45.0),
+    # Nobody queues at 20 req/s of equally popular groups; the knee is at 35-45.
+    "shared_prefix": (30.0, 35.0, 40.0, 45.0),
+    # Zipf popularity: the hot groups outgrow their holder from about 20 req/s.
+    "skewed_prefix": (20.0, 30.0, 40.0),
     "generated_shared_prefix": (12.0, 24.0),
     "multi_round_chat": (12.0, 24.0),
     "low_sharing": (8.0, 16.0),
@@ -32,6 +37,7 @@ VLLM_CPU_RATES: dict[str, tuple[float, ...]] = dict.fromkeys(FULL_RATES, (0.5, 1
 # plus its output must fit the 1,024-token context.
 VLLM_CPU_SIZES: dict[str, dict[str, Any]] = {
     "shared_prefix": {"prefix": 160, "question": 24, "output": 32},
+    "skewed_prefix": {"prefix": 160, "question": 24, "output": 32},
     "generated_shared_prefix": {"prefix": 96, "question": 16, "output": 32},
     "multi_round_chat": {"system": 48, "question": 16, "answer": 16, "turns": 4},
     "low_sharing": {"prompt": 96, "output": 32},
@@ -100,6 +106,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="KV blocks per replica (sim 1024, vllm-cpu 96)",
     )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=None,
+        metavar="WORKLOAD.KEY=VALUE",
+        help="set one workload parameter, e.g. shared_prefix.popularity=1 (repeatable)",
+    )
     parser.add_argument("--time-scale", type=float, default=1.0, help="simulator clock speed-up")
     parser.add_argument("--stream-interval", type=int, default=8, help="tokens per SSE chunk")
 
@@ -144,13 +157,34 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         custom_profiles=Path(args.custom_profiles) if args.custom_profiles else None,
         with_peers=not args.no_peers,
         peers=tuple(args.peers.split(",")) if args.peers else None,
-        overrides={n: VLLM_CPU_SIZES[n] for n in names} if vllm else {},
+        overrides=_overrides(names, vllm, args.param or ()),
         command=_command(args),
     )
 
 
+def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Each workload's parameters: the vllm-cpu sizes, then every --param on top."""
+    out: dict[str, dict[str, Any]] = {n: dict(VLLM_CPU_SIZES[n]) for n in names} if vllm else {}
+    for item in params:
+        key, sep, raw = item.partition("=")
+        wl, dot, name = key.partition(".")
+        if not (sep and dot and name) or wl not in WORKLOADS:
+            raise ValueError(f"--param {item!r}: expected WORKLOAD.KEY=VALUE with a known workload")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        out.setdefault(wl, {})[name] = value
+    for wl, params in out.items():
+        try:  # a typo fails here, before any fleet starts
+            make_workload(wl, FleetSize(1, 64, 16), 0, params)
+        except WorkloadError as exc:
+            raise ValueError(str(exc)) from None
+    return out
+
+
 _OPTIONS = ("quick", "fleet", "out", "workloads", "rates", "step_s", "gateway", "peers", "no_peers",
-            "custom_profiles", "seed", "seeds", "seeds_for", "replicas", "num_gpu_blocks",
+            "custom_profiles", "seed", "seeds", "seeds_for", "param", "replicas", "num_gpu_blocks",
             "time_scale", "stream_interval")  # fmt: skip
 
 
@@ -162,6 +196,9 @@ def _command(args: argparse.Namespace) -> str:
         flag = "--" + name.replace("_", "-")
         if v is True:
             parts.append(flag)
+        elif isinstance(v, list):
+            for item in v:
+                parts += [flag, str(item)]
         elif v not in (None, False):
             parts += [flag, str(v)]
     return shlex.join(parts)

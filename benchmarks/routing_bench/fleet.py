@@ -25,7 +25,8 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
-_WANTED = (RUNNING, WAITING, HITS, QUERIES)
+PREEMPTIONS = "vllm:num_preemptions_total"
+_WANTED = (RUNNING, WAITING, HITS, QUERIES, PREEMPTIONS)
 
 
 class FleetError(Exception):

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.routing_bench.targets import best_profile, evaluate, top_load
+from benchmarks.routing_bench.targets import best_by_seed, best_profile, evaluate, top_load
 
 REQUIRED = (
     "contender",
@@ -37,6 +37,7 @@ _COLUMNS = (
     ("success", "success_rate", "{:.1%}"),
     ("hit rate", "hit_rate", "{:.1%}"),
     ("imbalance", "imbalance", "{:.2f}"),
+    ("preempt", "preemptions", "{:.0f}"),
 )
 
 
@@ -116,7 +117,10 @@ def write_results(
 
 
 def render_markdown(
-    meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], plots: Sequence[str]
+    meta: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    plots: Sequence[str],
+    seed_rows: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The Markdown report: machine, parameters, targets, one table per workload, plots."""
     sim = meta.get("fleet", {}).get("fleet") == "sim"
@@ -156,6 +160,7 @@ def render_markdown(
             f"Best of our profiles overall{tag}: **{best}** (mean TTFT p90 relative to "
             f"the best of ours per workload at its top load; lower is better: {ranked}).",
         ]
+        md += _ranking_by_seed(rows, seed_rows)
     md += _spread(rows)
     dead = _all_failed(rows)
     if dead:
@@ -176,7 +181,8 @@ def render_markdown(
         "",
         "TTFT and e2e in seconds; ITL per token; hit rate from the replicas' own "
         "`vllm:prefix_cache_hits_total / queries_total` deltas over the step; imbalance = "
-        "mean over samples of std/mean of per-replica `vllm:num_requests_running`; CPU in "
+        "mean over samples of std/mean of per-replica `vllm:num_requests_running`; preempt = "
+        "the replicas' `vllm:num_preemptions_total` delta over the step; CPU in "
         "cores per process group over the step (flagged above "
         "0.9 of a core); lag = load generator's actual minus scheduled send time.",
         "",
@@ -206,6 +212,27 @@ def render_markdown(
     )
     md.append("")
     return "\n".join(md)
+
+
+def _ranking_by_seed(
+    rows: Sequence[Mapping[str, Any]], seed_rows: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The same ranking on each seed alone, and which profiles the seeds cannot tell apart."""
+    per = best_by_seed(rows, seed_rows)
+    if len(per) < 2:
+        return []
+    md = ["", "The same ranking on each seed alone:", ""]
+    for s, (best, scores) in per.items():
+        top = sorted(scores.items(), key=lambda x: x[1])[:3]
+        md.append(f"- seed {s}: **{best}** (" + ", ".join(f"{n} {v:.2f}" for n, v in top) + ")")
+    winners = sorted({b for b, _ in per.values() if b is not None})
+    if len(winners) > 1:
+        md += [
+            "",
+            f"{' and '.join(winners)} each rank first on at least one seed: the difference "
+            "between them is inside the seed spread, so this run ranks them as tied.",
+        ]
+    return md
 
 
 def _spread(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -249,14 +276,15 @@ def write_report(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_results(out / "results.json", meta, rows, seed_rows)
-    (out / "report.md").write_text(render_markdown(meta, rows, plots))
+    (out / "report.md").write_text(render_markdown(meta, rows, plots, seed_rows))
 
 
 def rerender(out: Path) -> None:
     """Rewrite report.md from an output folder's results.json (e.g. after a report change)."""
     data = json.loads((out / "results.json").read_text())
     plots = sorted(p.name for p in out.glob("*.png"))
-    (out / "report.md").write_text(render_markdown(data["meta"], data["rows"], plots))
+    md = render_markdown(data["meta"], data["rows"], plots, data.get("seed_rows") or ())
+    (out / "report.md").write_text(md)
 
 
 if __name__ == "__main__":

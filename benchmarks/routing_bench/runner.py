@@ -19,6 +19,7 @@ import orjson
 from benchmarks.overhead_procs import cpu_seconds
 from benchmarks.routing_bench.fleet import (
     HITS,
+    PREEMPTIONS,
     QUERIES,
     RUNNING,
     WAITING,
@@ -83,7 +84,13 @@ class _Monitor:
         with contextlib.suppress(OSError, ValueError):
             cpu["machine"] = machine_busy_s()
         m = await scrape(self.session, self.urls)
-        return Snapshot(t, sum(x[HITS] for x in m), sum(x[QUERIES] for x in m), cpu)
+        return Snapshot(
+            t,
+            sum(x[HITS] for x in m),
+            sum(x[QUERIES] for x in m),
+            cpu,
+            sum(x[PREEMPTIONS] for x in m),
+        )
 
     async def sample(self, period: float) -> None:
         while True:

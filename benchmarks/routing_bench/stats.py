@@ -78,6 +78,7 @@ class Snapshot:
     hits: float
     queries: float
     cpu: Mapping[str, float]
+    preemptions: float = 0.0
 
 
 def hit_rate(a: Snapshot, b: Snapshot) -> float | None:
@@ -138,6 +139,8 @@ def step_row(
         )
         if cached
         else None,
+        # vLLM preempts (and later recomputes) running requests when decode outgrows the KV.
+        "preemptions": round(end.preemptions - start.preemptions),
         "imbalance": _r(imbalance(running)),
         "cpu_cores": cpu,
         "cpu_saturated": sorted(k for k in _OURS if cpu.get(k, 0.0) > SATURATED_CORES),

@@ -8,6 +8,7 @@ and several times one replica's, the ratio that makes routing matter.
 
 from __future__ import annotations
 
+import itertools
 import random
 import string
 from collections.abc import Callable, Iterator, Mapping
@@ -109,9 +110,18 @@ def shared_prefix(
     output: int = 128,
     users: int = 5,
     groups: int | None = None,
+    popularity: float = 0.0,
 ) -> Workload:
-    """llm-d's shape: groups x users, a long shared system prompt, a fresh question each time."""
+    """llm-d's shape: groups x users, a long shared system prompt, a fresh question each time.
+
+    `popularity` is a Zipf exponent over the groups (0: every group equally likely; 1: group k
+    is picked in proportion to 1/k, so a few hot groups outgrow one replica).
+    """
     n = groups or size.count_for(prefix)
+    if popularity < 0:
+        raise TypeError(f"popularity must be >= 0, got {popularity}")
+    # randrange for the uniform case keeps the streams of earlier reports reproducible.
+    cum = list(itertools.accumulate(1.0 / (k + 1) ** popularity for k in range(n)))
     rng = random.Random(seed)
     systems = [_WORDS.text(rng, prefix) for _ in range(n)]
 
@@ -124,13 +134,35 @@ def shared_prefix(
         r = random.Random(seed + 1)
         i = 0
         while True:
-            yield req(r, f"sp-{i}", r.randrange(n))
+            g = r.randrange(n) if popularity == 0 else r.choices(range(n), cum_weights=cum)[0]
+            yield req(r, f"sp-{i}", g)
             i += 1
 
     wr = random.Random(seed + 2)
     warm = [req(wr, f"sp-w{g}", g) for g in range(n)]
-    params = {"groups": n, "users": users, "prefix": prefix, "question": question, "output": output}
+    params: dict[str, Any] = {
+        "groups": n,
+        "users": users,
+        "prefix": prefix,
+        "question": question,
+        "output": output,
+    }
+    if popularity:
+        params["popularity"] = popularity
     return Workload("shared_prefix", params, n * prefix, warm, stream)
+
+
+def skewed_prefix(size: FleetSize, seed: int, *, popularity: float = 1.0, **kw: Any) -> Workload:
+    """Shared-prefix groups with Zipf popularity: the few hot groups each outgrow one replica.
+
+    Real prefix popularity is skewed (a few applications' system prompts dominate), and it is
+    where a router must split a hot prefix under load instead of queueing behind its holder.
+    """
+    if popularity <= 0:
+        raise TypeError(f"popularity must be > 0 for skewed_prefix, got {popularity}")
+    wl = shared_prefix(size, seed, popularity=popularity, **kw)
+    wl.name = "skewed_prefix"
+    return wl
 
 
 def generated_shared_prefix(
@@ -281,6 +313,7 @@ def bimodal(
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
     "shared_prefix": shared_prefix,
+    "skewed_prefix": skewed_prefix,
     "generated_shared_prefix": generated_shared_prefix,
     "multi_round_chat": multi_round_chat,
     "low_sharing": low_sharing,

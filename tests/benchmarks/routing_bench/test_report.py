@@ -109,3 +109,32 @@ def test_folded_seeds_show_their_spread_and_results_keep_the_seed_rows(tmp_path:
     assert len(data["rows"]) == 2 and len(data["seed_rows"]) == 6
     (mine,) = [r for r in data["rows"] if r["contender"] == "gateway:default"]
     assert mine["ttft_p90_s"] == 0.2 and mine["seeds"] == [0, 1, 2]
+
+
+def test_ranking_by_seed_names_ties_and_reuses_single_seed_workloads() -> None:
+    from benchmarks.routing_bench.aggregate import fold_seeds
+    from benchmarks.routing_bench.targets import best_by_seed
+
+    def seeded(seed: int, name: str, wl: str, t: float) -> dict:
+        return {**_row(name, wl, 10, ttft_p90_s=t), "seed": seed}
+
+    seed_rows = [
+        # Shared prefix ran on two seeds and each profile wins one of them.
+        seeded(0, "gateway:default", "shared_prefix", 0.1),
+        seeded(0, "gateway:session", "shared_prefix", 0.2),
+        seeded(1, "gateway:default", "shared_prefix", 0.4),
+        seeded(1, "gateway:session", "shared_prefix", 0.2),
+        # Low sharing ran on seed 0 only: it counts in seed 1's ranking too.
+        seeded(0, "gateway:default", "low_sharing", 0.3),
+        seeded(0, "gateway:session", "low_sharing", 0.3),
+    ]
+    rows = fold_seeds(seed_rows)
+    per = best_by_seed(rows, seed_rows)
+    assert per[0][0] == "gateway:default" and per[1][0] == "gateway:session"
+    assert per[1][1]["gateway:default"] == (2.0 + 1.0) / 2
+    md = render_markdown({"fleet": {"fleet": "sim"}}, rows, [], seed_rows)
+    assert "- seed 1: **gateway:session**" in md
+    assert "gateway:default and gateway:session each rank first on at least one seed" in md
+    # One seed: no per-seed section at all.
+    one = [r for r in seed_rows if r["seed"] == 0]
+    assert "on each seed alone" not in render_markdown({}, fold_seeds(one), [], one)

@@ -71,7 +71,7 @@ def test_step_row_on_small_inputs() -> None:
     a = Snapshot(100.0, 0.0, 0.0, {"fleet": 0.0, "contender": 0.0, "loadgen": 0.0,
                                    "machine": 0.0})  # fmt: skip
     b = Snapshot(102.0, 50.0, 100.0, {"fleet": 1.9, "contender": 0.2, "loadgen": 0.1,
-                                      "machine": 3.4})  # fmt: skip
+                                      "machine": 3.4}, preemptions=3.0)  # fmt: skip
     row = step_row([*good, bad], a, b, [[1, 3], [2, 2]], [*good, bad])
     assert row["requests"] == 5
     assert row["success_rate"] == 0.8
@@ -80,6 +80,7 @@ def test_step_row_on_small_inputs() -> None:
     assert row["hit_rate"] == 0.5
     assert row["cached_token_rate"] == 0.5
     assert row["imbalance"] == pytest.approx(0.25)
+    assert row["preemptions"] == 3
     assert row["errors"] == {"HTTP 503": 1}
     assert row["cpu_saturated"] == ["fleet"]  # 0.95 of a core
     assert row["cpu_cores"]["others"] == pytest.approx(0.6)

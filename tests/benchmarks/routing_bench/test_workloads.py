@@ -111,3 +111,25 @@ def test_body_streams_with_usage_and_no_user_field() -> None:
     # when it has no database to track end users in.
     body = _take("shared_prefix", 0, 1)[0].body("sim")
     assert "user" not in body and body["stream_options"] == {"include_usage": True}
+
+
+def test_skewed_prefix_follows_zipf_over_the_same_groups() -> None:
+    from collections import Counter
+
+    wl = make_workload("skewed_prefix", SIZE, 0)
+    flat = make_workload("shared_prefix", SIZE, 0)
+    assert wl.name == "skewed_prefix" and wl.params["popularity"] == 1.0
+    assert wl.warmup == flat.warmup  # the same groups and prompts; only popularity differs
+    n = int(wl.params["groups"])
+    counts = Counter(r.group for r in itertools.islice(wl.requests(), 20_000))
+    harmonic = sum(1 / k for k in range(1, n + 1))
+    for k in (1, 2, 10):
+        assert counts[f"g{k - 1}"] / 20_000 == pytest.approx(1 / k / harmonic, rel=0.1)
+    # Group 0 alone is more than a fifth of the traffic: one replica cannot hold it at load.
+    assert counts["g0"] / 20_000 > 0.2
+    # The uniform default is unchanged by the parameter's existence (earlier reports replay).
+    assert "popularity" not in flat.params
+    with pytest.raises(WorkloadError, match="popularity"):
+        make_workload("skewed_prefix", SIZE, 0, {"popularity": 0})
+    with pytest.raises(WorkloadError, match="popularity"):
+        make_workload("shared_prefix", SIZE, 0, {"popularity": -1})
