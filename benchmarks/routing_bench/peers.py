@@ -375,12 +375,28 @@ CATALOGUE: tuple[tuple[str, str, str, Callable[..., Launch], float, Mapping[str,
 )
 
 
+# Left out of a default run, with the reason the report gives (runnable by name).
+NOT_BY_DEFAULT: Mapping[str, str] = {
+    "vllm-router:round_robin": "not selected: the same policy as sglang:round_robin and ours, "
+    "measured identical in benchmarks/results/2026-11-29b-routing-sim; run it with --peers",
+}
+
+
+def peer_names(names: Sequence[str] | None = None) -> list[str]:
+    """The peers a run starts: those named, or the catalogue less NOT_BY_DEFAULT."""
+    known = [c[0] for c in CATALOGUE]
+    if names is not None:
+        return [n for n in known if n in names]
+    return [n for n in known if n not in NOT_BY_DEFAULT]
+
+
 def peer_contenders(names: Sequence[str] | None = None) -> list[PeerContender]:
-    """Every peer contender (or those named), installed or not: start() reports what is missing."""
+    """The peers a run starts (peer_names), installed or not: start() reports what is missing."""
+    chosen = peer_names(names)
     return [
         PeerContender(name, PACKAGES[pkg], policy, launch, timeout, headers=headers)
         for name, pkg, policy, launch, timeout, headers in CATALOGUE
-        if names is None or name in names
+        if name in chosen
     ]
 
 

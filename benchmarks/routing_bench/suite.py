@@ -64,7 +64,12 @@ def _contenders(cfg: SuiteConfig) -> tuple[list[Contender], list[dict[str, Any]]
     missing: list[dict[str, Any]] = []
     if cfg.with_peers:
         try:
-            from benchmarks.routing_bench.peers import peer_contenders
+            from benchmarks.routing_bench.peers import (
+                CATALOGUE,
+                NOT_BY_DEFAULT,
+                peer_contenders,
+                peer_names,
+            )
         except ImportError as exc:
             missing.append(
                 {
@@ -74,7 +79,18 @@ def _contenders(cfg: SuiteConfig) -> tuple[list[Contender], list[dict[str, Any]]
                 }
             )
         else:
-            out += list(peer_contenders(list(cfg.peers) if cfg.peers is not None else None))
+            chosen = list(cfg.peers) if cfg.peers is not None else None
+            out += list(peer_contenders(chosen))
+            ran = set(peer_names(chosen))
+            missing += [
+                {
+                    "contender": name,
+                    "status": "not selected",
+                    "reason": NOT_BY_DEFAULT.get(name, "not selected (--peers)"),
+                }
+                for name, *_ in CATALOGUE
+                if name not in ran
+            ]
     return out, missing
 
 

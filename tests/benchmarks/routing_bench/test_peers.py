@@ -20,8 +20,10 @@ import pytest
 from benchmarks.routing_bench import peers
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 from benchmarks.routing_bench.peers import (
+    CATALOGUE,
     HOST,
     MASTER_KEY,
+    NOT_BY_DEFAULT,
     PACKAGES,
     PeerContender,
     installed,
@@ -56,8 +58,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_catalogue_names_and_policies() -> None:
-    names = [c.name for c in peer_contenders()]
-    assert names == [
+    assert [c[0] for c in CATALOGUE] == [
         "sglang:cache_aware",
         "sglang:round_robin",
         "vllm-router:cache_aware",
@@ -65,9 +66,27 @@ def test_catalogue_names_and_policies() -> None:
         "vllm-router:round_robin",
         "litellm:least-busy",
     ]
+    # A default run leaves out what duplicates another contender's policy, and says why.
+    names = [c.name for c in peer_contenders()]
+    assert names == [c[0] for c in CATALOGUE if c[0] != "vllm-router:round_robin"]
+    assert "same policy" in NOT_BY_DEFAULT["vllm-router:round_robin"]
     assert [c.name for c in peer_contenders(["litellm:least-busy"])] == ["litellm:least-busy"]
-    for c in peer_contenders():
+    assert [c.name for c in peer_contenders(["vllm-router:round_robin"])] == [
+        "vllm-router:round_robin"
+    ]
+    for c in peer_contenders([c[0] for c in CATALOGUE]):
         assert c.name.split(":")[1] == c.policy
+
+
+def test_unselected_peers_are_reported_not_dropped() -> None:
+    from benchmarks.routing_bench.suite import SuiteConfig, _contenders
+
+    _, missing = _contenders(SuiteConfig(out=Path("unused"), peers=("sglang:cache_aware",)))
+    down = {m["contender"]: (m["status"], m["reason"]) for m in missing}
+    assert "sglang:cache_aware" not in down
+    assert down["litellm:least-busy"] == ("not selected", "not selected (--peers)")
+    _, missing = _contenders(SuiteConfig(out=Path("unused")))
+    assert [m["contender"] for m in missing] == ["vllm-router:round_robin"]
 
 
 def test_sglang_command_line() -> None:
