@@ -90,7 +90,7 @@ from benchmarks.overhead_report import (
     render_markdown,
     rounds_json,
 )
-from benchmarks.routing_bench.peers import peer_contenders
+from benchmarks.routing_bench.peers import CATALOGUE
 from benchmarks.static_upstream import MODEL
 
 _HOST = "127.0.0.1"
@@ -189,7 +189,7 @@ def params_from_args(args: argparse.Namespace) -> Params:
     if args.no_peers and args.peers:
         raise ValueError("--peers and --no-peers together")
     peers = DEFAULT_PEERS if args.peers is None else tuple(n for n in args.peers.split(",") if n)
-    known = [c.name for c in peer_contenders()]
+    known = [c[0] for c in CATALOGUE]
     unknown = [n for n in peers if n not in known]
     if unknown:
         raise ValueError(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(known)}")

@@ -105,8 +105,10 @@ _LOAD_SCORERS = (
 
 
 def _prefix(name: str) -> ProfileSpec:
-    # Prefix affinity weighs as much as two load signals, and the affinity_guard picker keeps
-    # it from overloading a holder (weights and guard as measured, see _GUARD).
+    # The affinity_guard picker walks the prefix holders first, under its load guard (as
+    # measured, see _GUARD). The prefix_affinity score then only ranks replicas matching fewer
+    # than min_match_blocks: never at the default of 1, but a profile that raises it keeps a
+    # preference for partial matches, weighed as much as two load signals.
     # cache_footprint (place new prefixes on the emptiest cache) is left out: measured, it
     # matched load-only placement on the shared-prefix workload, and after a workload shift
     # a replica full of stale cache got no new requests for seconds
@@ -123,8 +125,15 @@ BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
             "least_load", _ELIGIBLE, (PluginSpec("least_inflight"),), PluginSpec("max_score")
         ),
         # Sticky sessions (the gateway sets affinity_replica from the session id), released by
-        # the load guard; misses and guarded requests go by load.
-        "session": ProfileSpec("session", _AFFINITY_FILTERS, _LOAD_SCORERS, _GUARD),
+        # the load guard; misses and guarded requests go by load. No prefix holders: with them
+        # this profile decided exactly as `default` does, so the benchmark compared two runs of
+        # one policy (benchmarks/results/2026-11-29d-routing-sim/analysis.md).
+        "session": ProfileSpec(
+            "session",
+            _AFFINITY_FILTERS,
+            _LOAD_SCORERS,
+            PluginSpec("affinity_guard", params={**_GUARD.params, "prefix_holders": False}),
+        ),
         "prefix": _prefix("prefix"),
         # The prefix profile: with no KV events the gateway fills prefix_match from its
         # approximate index, and with no index data at all it degrades to pure load balancing.

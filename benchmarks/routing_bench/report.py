@@ -236,18 +236,22 @@ def _ranking_by_seed(
 
 
 def _spread(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Per-seed values at the load the targets read, for the shared-prefix workload."""
-    qps = top_load(rows, "shared_prefix")
+    """Per-seed values at the load the targets read, for the prefix-sharing workloads."""
+    return [*_spread_of(rows, "shared_prefix"), *_spread_of(rows, "skewed_prefix")]
+
+
+def _spread_of(rows: Sequence[Mapping[str, Any]], workload: str) -> list[str]:
+    qps = top_load(rows, workload)
     at = [
         r
         for r in rows
-        if r.get("workload") == "shared_prefix" and r.get("offered_qps") == qps and r.get("by_seed")
+        if r.get("workload") == workload and r.get("offered_qps") == qps and r.get("by_seed")
     ]
     if not at or len(at[0]["seeds"]) < 2:
         return []
     md = [
         "",
-        f"Per seed (shared_prefix @ {qps:g} req/s; seeds {at[0]['seeds']}):",
+        f"Per seed ({workload} @ {qps:g} req/s; seeds {at[0]['seeds']}):",
         "",
         "| contender | TTFT p90 s | output tok/s | success | hit rate |",
         "|---|---|---|---|---|",

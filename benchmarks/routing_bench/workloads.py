@@ -119,7 +119,7 @@ def shared_prefix(
     """
     n = groups or size.count_for(prefix)
     if popularity < 0:
-        raise TypeError(f"popularity must be >= 0, got {popularity}")
+        raise WorkloadError(f"workload shared_prefix: popularity must be >= 0, got {popularity}")
     # randrange for the uniform case keeps the streams of earlier reports reproducible.
     cum = list(itertools.accumulate(1.0 / (k + 1) ** popularity for k in range(n)))
     rng = random.Random(seed)
@@ -159,7 +159,7 @@ def skewed_prefix(size: FleetSize, seed: int, *, popularity: float = 1.0, **kw: 
     where a router must split a hot prefix under load instead of queueing behind its holder.
     """
     if popularity <= 0:
-        raise TypeError(f"popularity must be > 0 for skewed_prefix, got {popularity}")
+        raise WorkloadError(f"workload skewed_prefix: popularity must be > 0, got {popularity}")
     wl = shared_prefix(size, seed, popularity=popularity, **kw)
     wl.name = "skewed_prefix"
     return wl

@@ -22,6 +22,8 @@ Params:
     guard_slack (float, default 2): extra requests allowed above guard_ratio * mean (an
         idle fleet's mean is 0).
     min_match_blocks (int, default 1): matched prefix blocks that make a replica a holder.
+    prefix_holders (bool, default True): follow tier 2 (step 2, and prefix homes in step 1);
+        False keeps only prompt-cache and session affinity, as a pure session policy does.
     seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
 """
 
@@ -45,6 +47,7 @@ class Params:
     guard_ratio: float = param(1.5, "load allowed relative to the mean candidate load")
     guard_slack: float = param(2.0, "requests allowed above guard_ratio x mean load")
     min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
+    prefix_holders: bool = param(True, "follow prefix holders and homes (tier 2)")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
     def __post_init__(self) -> None:
@@ -74,12 +77,14 @@ class AffinityGuard:
         limit = p.guard_ratio * sum(loads) / len(loads) + p.guard_slack
         guarded = False
         target = request.affinity_replica
+        if not p.prefix_holders and request.affinity_kind == "prefix_home":
+            target = None
         if target is not None:
             i = next((i for i, r in enumerate(replicas) if r.name == target), -1)
             if i >= 0 and loads[i] <= limit:
                 return Pick(i, affinity_branch(request))
             guarded = i >= 0
-        match = request.prefix_match
+        match = request.prefix_match if p.prefix_holders else None
         if match:
             holders = [
                 (-m, loads[i], i)

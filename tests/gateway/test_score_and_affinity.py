@@ -109,6 +109,33 @@ async def test_repeated_prefixes_go_to_the_replica_holding_them() -> None:
         assert 'branch="prefix_hit"' in text and 'branch="miss_by_load"' in text
 
 
+async def test_session_profile_follows_sessions_not_prefixes() -> None:
+    cfg_routing = RoutingConfig(profile="session")
+    async with (
+        SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
+        running_gateway(gateway_config(fleet, routing=cfg_routing)) as gw,
+        httpx.AsyncClient(base_url=gw.url) as c,
+    ):
+        served: dict[str, set[str]] = {}
+        for q in range(6):
+            for user in ("ann", "bob", "cy"):
+                before = {r.name: r.requests_total for r in gw.runtime.pool}
+                body = _chat(0, f"question {q} from {user}?")
+                r = await c.post("/v1/chat/completions", json=body, headers={"x-session-id": user})
+                assert r.status_code == 200
+                (name,) = [x.name for x in gw.runtime.pool if x.requests_total > before[x.name]]
+                served.setdefault(user, set()).add(name)
+        # Each session stays on one replica; each first turn went by load, none to the replica
+        # holding the shared system prompt as a prefix hit.
+        assert all(len(v) == 1 for v in served.values()), served
+        text = (await c.get("/metrics")).text
+        branches = Counter[str]()
+        for line in text.splitlines():
+            if line.startswith("llm_gateway_requests_total{"):
+                branches[line.split('branch="')[1].split('"')[0]] += int(float(line.split()[-1]))
+        assert branches == {"miss_by_load": 3, "session": 15}, branches
+
+
 async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
     # Scrapes far apart: only the gateway's own in-flight counts can see the burst.
     async with SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet:

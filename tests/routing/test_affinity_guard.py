@@ -204,7 +204,38 @@ def test_a_burst_between_two_scrapes_spreads_once_the_guard_trips() -> None:
     assert Counter(branches) == {"prefix_hit": 17, "load_guard": 23}
 
 
-@pytest.mark.parametrize("profile", ["prefix", "default", "session"])
+def test_without_prefix_holders_only_tier_1_affinity_counts() -> None:
+    reps = [replica("a"), replica("b", in_flight=1)]
+    totals = [0.0, 1.0]
+
+    def pick(params: dict[str, Any], **features: Any) -> tuple[str, str]:
+        picker = PLUGINS["affinity_guard"].build({**params, "seed": 0})
+        p = picker.pick(RequestFeatures(model=MODEL, **features), reps, totals)
+        return reps[p.index].name, p.branch
+
+    pure = {"prefix_holders": False}
+    # "a" holds the whole prefix and is idle, yet the pick goes by the scores: a miss.
+    assert pick(pure, prefix_match={"a": 4}) == ("b", "miss_by_load")
+    # A prefix home is tier 2 too; a session and a repeated prompt still stick.
+    assert pick(pure, affinity_replica="a", affinity_kind="prefix_home") == ("b", "miss_by_load")
+    assert pick(pure, affinity_replica="a", affinity_kind="session") == ("a", "session")
+    assert pick(pure, affinity_replica="a", affinity_kind="prompt_cache") == (
+        "a",
+        "prompt_cache_hit",
+    )
+    # By default the picker follows holders and homes.
+    assert pick({}, prefix_match={"a": 4}) == ("a", "prefix_hit")
+    assert pick({}, affinity_replica="a", affinity_kind="prefix_home") == ("a", "prefix_home")
+
+
+def test_session_profile_ignores_prefix_holders_and_default_follows_them() -> None:
+    _, loads = _burst(BUILTIN_PROFILES["session"], 8)
+    assert max(loads) - min(loads) <= 1  # by load alone, although "a" holds the prefix
+    branches, _ = _burst(BUILTIN_PROFILES["default"], 8)
+    assert branches == ["prefix_hit"] * 8
+
+
+@pytest.mark.parametrize("profile", ["prefix", "default"])
 def test_builtin_profiles_guard_at_twice_the_mean_plus_8(profile: str) -> None:
     branches, loads = _burst(BUILTIN_PROFILES[profile], 60)
     # a <= 2 * a / 4 + 8 holds up to a = 16: 17 hits, then the guard trips.

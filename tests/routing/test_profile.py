@@ -63,6 +63,9 @@ def test_session_profile_balances_load_behind_the_guard() -> None:
         "token_load",
     ]
     assert session.picker.type == "affinity_guard"
+    # Sessions only: with prefix holders it would decide exactly as `default` does.
+    assert session.picker.params["prefix_holders"] is False
+    assert "prefix_holders" not in BUILTIN_PROFILES["default"].picker.params
 
 
 @pytest.mark.parametrize(

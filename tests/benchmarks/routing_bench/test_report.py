@@ -138,3 +138,23 @@ def test_ranking_by_seed_names_ties_and_reuses_single_seed_workloads() -> None:
     # One seed: no per-seed section at all.
     one = [r for r in seed_rows if r["seed"] == 0]
     assert "on each seed alone" not in render_markdown({}, fold_seeds(one), [], one)
+
+
+def test_skewed_prefix_gets_the_peer_comparisons_and_its_own_spread() -> None:
+    from benchmarks.routing_bench.aggregate import fold_seeds
+
+    plain = {t.name for t in evaluate(ROWS)}
+    assert not any(n.startswith("skewed: ") for n in plain)
+    seed_rows = [
+        {**_row(name, "skewed_prefix", 30, ttft_p90_s=t * (1 + s / 10)), "seed": s}
+        for s in (0, 1)
+        for name, t in (("gateway:default", 0.4), ("sglang:cache_aware", 1.0))
+    ]
+    rows = [*ROWS, *fold_seeds(seed_rows)]
+    t = {x.name: x for x in evaluate(rows)}
+    sk = t["skewed: default TTFT p90 <= 0.5x best peer"]
+    assert sk.workload == "skewed_prefix" and sk.passed is True
+    assert t["skewed: default output tok/s >= 1.2x best peer"].passed is False
+    md = render_markdown({"fleet": {"fleet": "sim"}}, rows, [], seed_rows)
+    assert "Per seed (skewed_prefix @ 30 req/s; seeds [0, 1])" in md
+    assert "| gateway:default | 0.40 / 0.44 |" in md
