@@ -121,7 +121,11 @@ def shared_prefix(
     if popularity < 0:
         raise WorkloadError(f"workload shared_prefix: popularity must be >= 0, got {popularity}")
     # randrange for the uniform case keeps the streams of earlier reports reproducible.
-    cum = list(itertools.accumulate(1.0 / (k + 1) ** popularity for k in range(n)))
+    cum = (
+        list(itertools.accumulate(1.0 / (k + 1) ** popularity for k in range(n)))
+        if popularity
+        else []
+    )
     rng = random.Random(seed)
     systems = [_WORDS.text(rng, prefix) for _ in range(n)]
 
