@@ -89,11 +89,19 @@ async def test_client_disconnect_aborts_on_the_replica(fleet: VllmFleet) -> None
             await wait_until(running, "vllm:num_requests_running >= 1", within=6.0, interval=0.02)
         dropped = time.monotonic()
 
+        seen_at: list[float] = []
+
         async def stopped() -> bool:
-            return await _fleet_running(direct, fleet) == 0
+            sent = time.monotonic()
+            if await _fleet_running(direct, fleet) == 0:
+                seen_at.append(sent)
+                return True
+            return False
 
         await wait_until(stopped, "vllm:num_requests_running == 0", within=1.0, interval=0.05)
-        assert time.monotonic() - dropped < 1.0
+        # Timed at the scrape that saw it stopped being sent: on 2 shared cores the CPU engine
+        # can take seconds to answer /metrics while it finishes a step (measured 3.6 s once).
+        assert seen_at[0] - dropped < 1.0
 
 
 async def _sync_index(gw: RunningGateway, fleet: VllmFleet, client: httpx.AsyncClient) -> None:
