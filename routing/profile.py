@@ -95,7 +95,13 @@ _AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
 # The guard measured best on the shared-prefix workload (same report): stick to the holder
 # until its load passes 2 x the mean + 8; the plugin's own defaults (1.5 x mean + 2) gave
 # away hits under load (hit rate 86% -> 46% at 40 req/s).
-_GUARD = PluginSpec("affinity_guard", params={"guard_ratio": 2.0, "guard_slack": 8.0})
+# A match under 1/8 of the holder's KV cache earns that share of the allowance: a short system
+# prompt is cheap to copy, so its first holders should not take every new conversation
+# (benchmarks/results/2026-11-30-routing-sim/analysis.md).
+_GUARD = PluginSpec(
+    "affinity_guard",
+    params={"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": 0.125},
+)
 _LOAD_SCORERS = (
     PluginSpec("least_inflight", 1.0),
     PluginSpec("queue_load", 1.0),

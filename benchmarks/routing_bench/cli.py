@@ -150,7 +150,8 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         workloads=ladder,
         step_s=args.step_s or (3.0 if args.quick else 5.0),
         warmup_timeout_s=20.0 if args.quick else 30.0,
-        drain_s=8.0 if args.quick else 15.0,
+        # Longer than any answer takes at the top rates unless the contender is overloaded.
+        drain_s=8.0 if args.quick else 10.0,
         seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (args.seed,),
         seeds_for=tuple(args.seeds_for.split(",")) if args.seeds_for else None,
         gateway_labels=labels,

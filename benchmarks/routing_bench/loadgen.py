@@ -15,7 +15,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any
 
 import aiohttp
@@ -46,6 +46,9 @@ class LoadSpec:
     tag: str  # run label, prefixed to request ids so replicas' records can be joined
     overrides: dict[str, Any] | None = None
     headers: dict[str, str] | None = None  # the contender's own (e.g. LiteLLM's master key)
+    # Warm-up outputs are cut to this: warm-up opens connections and places every group's
+    # prefix once; long outputs there only cost time (None: the workload's own length).
+    warmup_max_tokens: int | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LoadSpec:
@@ -209,8 +212,10 @@ async def run(spec: LoadSpec, out: IO[bytes]) -> int:
         run = _Run(spec, session, out)
         prog = asyncio.create_task(_progress(run, label))
         try:
-            _event("warmup", requests=len(wl.warmup))
-            await _pace(run, wl.warmup, spec.warmup_rate, "warmup")
+            cap = spec.warmup_max_tokens
+            warm = [replace(r, max_tokens=min(r.max_tokens, cap)) if cap else r for r in wl.warmup]
+            _event("warmup", requests=len(warm))
+            await _pace(run, warm, spec.warmup_rate, "warmup")
             warmed = await run.drain(time.time() + spec.warmup_timeout_s)
             _event("warmup_done", complete=warmed)
             stream = wl.requests()

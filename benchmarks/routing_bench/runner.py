@@ -50,6 +50,7 @@ class Plan:
     drain_s: float
     seed: int
     sample_s: float = 0.5
+    warmup_max_tokens: int | None = None
 
 
 def machine_busy_s() -> float:
@@ -155,6 +156,7 @@ async def run_one(
         tag=tag,
         overrides=overrides,
         headers=headers,
+        warmup_max_tokens=plan.warmup_max_tokens,
     )
     spec_path = work / f"{tag}.spec.json"
     spec_path.write_text(json.dumps(asdict(spec)))

@@ -35,6 +35,7 @@ class SuiteConfig:
     step_s: float = 6.0
     warmup_rate: float = 20.0
     warmup_timeout_s: float = 30.0
+    warmup_max_tokens: int | None = 16  # warm-up outputs are cut to this (None: not cut)
     drain_s: float = 15.0
     seeds: tuple[int, ...] = (0,)  # each workload runs once per seed; rows are folded
     seeds_for: tuple[str, ...] | None = None  # workloads run on every seed (None: all)
@@ -173,6 +174,7 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
             "step_s": cfg.step_s,
             "warmup_rate": cfg.warmup_rate,
             "warmup_timeout_s": cfg.warmup_timeout_s,
+            "warmup_max_tokens": cfg.warmup_max_tokens,
             "drain_s": cfg.drain_s,
         },
         "workloads": _workload_meta(cfg, fleet),
@@ -204,7 +206,13 @@ async def _run_seed(
 ) -> list[dict[str, Any]]:
     """One contender x workload x seed: its rows, or one "failed" row with the reason."""
     plan = Plan(
-        cfg.workloads[wl], cfg.step_s, cfg.warmup_rate, cfg.warmup_timeout_s, cfg.drain_s, seed
+        cfg.workloads[wl],
+        cfg.step_s,
+        cfg.warmup_rate,
+        cfg.warmup_timeout_s,
+        cfg.drain_s,
+        seed,
+        warmup_max_tokens=cfg.warmup_max_tokens,
     )
     many = len(cfg.seeds) > 1
     try:

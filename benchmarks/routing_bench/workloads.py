@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import string
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -325,6 +326,16 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
 }
 
 
+def workload_seed(name: str, seed: int) -> int:
+    """The generators' seed: distinct per workload, so no two workloads share any text.
+
+    With one seed for all, a workload's prompts began with another's (shared_prefix group g
+    with generated_shared_prefix group 2g): a contender that kept routing state from the
+    previous workload found "holders" for prefixes whose caches had been reset.
+    """
+    return zlib.crc32(f"{name}:{seed}".encode())
+
+
 def make_workload(
     name: str, size: FleetSize, seed: int, overrides: dict[str, Any] | None = None
 ) -> Workload:
@@ -333,6 +344,6 @@ def make_workload(
     if factory is None:
         raise WorkloadError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
     try:
-        return factory(size, seed, **(overrides or {}))
+        return factory(size, workload_seed(name, seed), **(overrides or {}))
     except TypeError as exc:
         raise WorkloadError(f"workload {name}: {exc}") from None

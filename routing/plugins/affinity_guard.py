@@ -6,16 +6,17 @@ a replica passes the guard when load <= guard_ratio * mean candidate load + guar
    when no cache holds any of the prompt, the replica its prefix was last sent to) is a
    candidate and passes the guard: pick it. Branch "session", "prefix_home" or
    "prompt_cache_hit" after affinity_kind.
-2. Holders: candidates with request.prefix_match >= min_match_blocks (tier 2). Walk them
-   by longest match, then least load; the first that passes the guard wins: "prefix_hit".
+2. Holders: candidates with request.prefix_match >= min_match_blocks (tier 2), by longest
+   match, least load, highest total, then at random; the first within its guard wins:
+   "prefix_hit". A match filling a share s < full_allowance_share of the holder's KV cache
+   earns s / full_allowance_share of the allowance above the least load: a short prefix is
+   cheap to copy, so its holders must not draw every request while others idle.
 3. An affinity replica or a holder exists but all fail the guard: "load_guard".
 4. No affinity and no holder (a cache miss): "miss_by_load".
-In 3 and 4 the highest weighted total among the replicas that pass the guard wins (the
-least loaded always does); replicas over the guard are left out because their prefix score
-could otherwise outweigh the load scorers. Ties are broken at random, so misses spread
-over equally loaded replicas instead of piling onto one "emptiest" replica. The guard
-compares against the mean, so a burst of identical requests between two scrapes sticks to
-the cached replica only until its in-flight count runs ahead of the others.
+In 3 and 4 the highest weighted total among the replicas within their guard wins (the least
+loaded always is); ties are broken at random, so misses spread instead of piling onto one
+"emptiest" replica. As the guard compares against the mean, a burst of identical requests
+between two scrapes sticks to the cached replica only until its in-flight count runs ahead.
 
 Params:
     guard_ratio (float, default 1.5): load allowed relative to the mean candidate load.
@@ -24,6 +25,8 @@ Params:
     min_match_blocks (int, default 1): matched prefix blocks that make a replica a holder.
     prefix_holders (bool, default True): follow tier 2 (step 2, and prefix homes in step 1);
         False keeps only prompt-cache and session affinity, as a pure session policy does.
+    full_allowance_share (float | None, default None): see 2; None (or an unknown
+        cache_capacity_tokens) gives every holder the whole allowance.
     seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
 """
 
@@ -48,6 +51,7 @@ class Params:
     guard_slack: float = param(2.0, "requests allowed above guard_ratio x mean load")
     min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
     prefix_holders: bool = param(True, "follow prefix holders and homes (tier 2)")
+    full_allowance_share: float | None = param(None, "KV share a match fills for the whole guard")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
     def __post_init__(self) -> None:
@@ -55,6 +59,9 @@ class Params:
             raise ValueError("need guard_ratio >= 1 and guard_slack >= 0")
         if self.min_match_blocks < 1:
             raise ValueError(f"min_match_blocks must be >= 1, got {self.min_match_blocks}")
+        share = self.full_allowance_share
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"full_allowance_share must be in (0, 1] or None, got {share}")
 
 
 class AffinityGuard:
@@ -85,18 +92,24 @@ class AffinityGuard:
                 return Pick(i, affinity_branch(request))
             guarded = i >= 0
         match = request.prefix_match if p.prefix_holders else None
+        limits = [limit] * len(replicas)
         if match:
             holders = [
-                (-m, loads[i], i)
+                (-m, loads[i], -totals[i], self._rng.random(), i)
                 for i, r in enumerate(replicas)
                 if (m := match.get(r.name, 0)) >= p.min_match_blocks
             ]
-            for _, lo, i in sorted(holders):
-                if lo <= limit:
+            least, full = min(loads), p.full_allowance_share
+            for neg_m, lo, _, _, i in sorted(holders):
+                cap = replicas[i].cache_capacity_tokens
+                w = min(1.0, -neg_m * request.block_tokens / (full * cap)) if full and cap else 1.0
+                limits[i] = least + w * (limit - least)
+                if lo <= limits[i]:
                     return Pick(i, "prefix_hit")
             guarded = guarded or bool(holders)
-        # Never empty in exact arithmetic (the least loaded is at most the mean); rounding aside.
-        passing = [i for i, lo in enumerate(loads) if lo <= limit] or list(range(len(loads)))
+        # A holder over its own guard is left out too, or its prefix score could win it back.
+        # Never empty in exact arithmetic (the least loaded is within every guard).
+        passing = [i for i, lo in enumerate(loads) if lo <= limits[i]] or list(range(len(loads)))
         floor = max(totals[i] for i in passing) - _TIE_EPSILON
         best = [i for i in passing if totals[i] >= floor]
         index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]

@@ -243,9 +243,89 @@ def test_builtin_profiles_guard_at_twice_the_mean_plus_8(profile: str) -> None:
     assert loads[0] == max(loads) and min(loads) > 0
 
 
+def _holder_pick(loads: list[int], blocks: int, share: float | None, capacity: int | None) -> str:
+    """Branch of a request that "a" holds `blocks` blocks (16 tokens) of, at these loads."""
+    reps = [
+        replica(n, in_flight=x, cache_capacity_tokens=capacity)
+        for n, x in zip(NAMES, loads, strict=True)
+    ]
+    params = {"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": share, "seed": 0}
+    picker = PLUGINS["affinity_guard"].build(params)
+    request = RequestFeatures(model=MODEL, prefix_match={"a": blocks}, block_tokens=16)
+    return picker.pick(request, reps, [0.0, 1.0, 1.0, 1.0]).branch
+
+
+def test_a_short_match_earns_its_share_of_the_guard_allowance() -> None:
+    # Loads a=3, b=0, c=1, d=0: mean 1, full guard 2 x 1 + 8 = 10, least load 0.
+    # 4 blocks = 64 tokens of a 1,024-token cache fill 1/4 of the 0.25 share: allowance 2.5.
+    assert _holder_pick([3, 0, 1, 0], 4, 0.25, 1024) == "load_guard"
+    assert _holder_pick([2, 0, 1, 0], 4, 0.25, 1024) == "prefix_hit"
+    # 16 blocks fill the whole share: the full guard of 10.
+    assert _holder_pick([9, 0, 1, 0], 16, 0.25, 1024) == "prefix_hit"
+    # No share, or a capacity never scraped: the full guard whatever the match.
+    assert _holder_pick([9, 0, 1, 0], 4, None, 1024) == "prefix_hit"
+    assert _holder_pick([9, 0, 1, 0], 4, 0.25, None) == "prefix_hit"
+
+
+def _system_prompt_traffic(share: float | None, count: int) -> list[int]:
+    """Requests sharing one short system prompt; every replica routed to becomes a holder."""
+    fleet = [replica(n, cache_capacity_tokens=16384) for n in NAMES]
+    guard = {"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": share, "seed": 1}
+    profile = dataclasses.replace(
+        BUILTIN_PROFILES["default"], picker=PluginSpec("affinity_guard", params=guard)
+    )
+    router = Router(profile)
+    holders: dict[str, int] = {}
+    for _ in range(count):
+        # 32 blocks: a 512-token system prompt, 1/32 of a replica's cache.
+        request = RequestFeatures(model=MODEL, prefix_match=dict(holders), prompt_tokens=600)
+        name = router.route(request, fleet).replica.name
+        holders[name] = 32
+        i = [r.name for r in fleet].index(name)
+        fleet[i] = dataclasses.replace(fleet[i], in_flight=fleet[i].in_flight + 1)
+    return [r.in_flight for r in fleet]
+
+
+def test_a_short_shared_prefix_spreads_over_the_fleet_instead_of_piling_on_its_holder() -> None:
+    # The whole allowance: the first holder takes every request up to 2 x mean + 8.
+    assert sorted(_system_prompt_traffic(None, 12)) == [0, 0, 0, 12]
+    # 1/32 of the cache against a share of 1/8: a quarter of the allowance above the least
+    # load, so the prompt is copied to every replica and the load stays level.
+    loads = _system_prompt_traffic(0.125, 40)
+    assert max(loads) - min(loads) <= 3, loads
+
+
+def test_a_holder_over_its_share_is_not_won_back_by_its_prefix_score() -> None:
+    # "a" and "b" hold a 512-token system prompt and run 3 each; "c" and "d" idle. Within
+    # the full guard (2 x 1.5 + 8) but over the share (1/4 of it above 0): the pick is "c" or
+    # "d", although prefix_affinity scores the holders higher than the load scorers do.
+    guard = {"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": 0.125, "seed": 0}
+    profile = dataclasses.replace(
+        BUILTIN_PROFILES["default"], picker=PluginSpec("affinity_guard", params=guard)
+    )
+    fleet = [
+        replica(n, in_flight=x, cache_capacity_tokens=16384)
+        for n, x in zip(NAMES, [3, 3, 0, 0], strict=True)
+    ]
+    request = RequestFeatures(model=MODEL, prefix_match={"a": 32, "b": 32}, prompt_tokens=600)
+    decision = Router(profile).route(request, fleet)
+    assert (decision.replica.name, decision.branch) in {("c", "load_guard"), ("d", "load_guard")}
+
+
+def test_holders_tied_on_match_and_load_go_by_score_then_at_random() -> None:
+    reps = [replica(n) for n in NAMES]
+    request = RequestFeatures(model=MODEL, prefix_match={"b": 4, "c": 4})
+    picker = PLUGINS["affinity_guard"].build({"seed": 0})
+    assert reps[picker.pick(request, reps, [0.0, 0.5, 0.9, 0.0]).index].name == "c"
+    picks = Counter(picker.pick(request, reps, [0.0] * 4).index for _ in range(200))
+    assert set(picks) == {1, 2} and min(picks.values()) > 60, picks
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
+        ({"full_allowance_share": 0.0}, "full_allowance_share must be in"),
+        ({"full_allowance_share": 1.5}, "full_allowance_share must be in"),
         ({"guard_ratio": 0.9}, "guard_ratio >= 1"),
         ({"guard_slack": -1}, "guard_slack >= 0"),
         ({"min_match_blocks": 0}, "min_match_blocks must be >= 1"),

@@ -43,6 +43,12 @@ async def test_tiny_run_writes_report_results_and_plots(tmp_path: Path) -> None:
     rec = json.loads(raw[-1])
     assert {"sent", "sched", "ttft", "gaps", "e2e", "tokens", "cached_tokens", "status"} <= set(rec)
     assert rec["replica"] in (0, 1)
+    # Warm-up answers are cut to warmup_max_tokens; the measured ones keep the workload's.
+    recs = [json.loads(x) for x in raw]
+    warm = [r for r in recs if r["phase"] == "warmup"]
+    assert warm and all(r["max_tokens"] == r["tokens"] == 16 for r in warm)
+    assert all(r["max_tokens"] == 128 for r in recs if r["phase"] == "step")
+    assert data["meta"]["plan"]["warmup_max_tokens"] == 16
 
 
 def test_missing_peers_module_is_reported_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:

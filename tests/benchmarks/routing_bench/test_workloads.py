@@ -119,7 +119,10 @@ def test_skewed_prefix_follows_zipf_over_the_same_groups() -> None:
     wl = make_workload("skewed_prefix", SIZE, 0)
     flat = make_workload("shared_prefix", SIZE, 0)
     assert wl.name == "skewed_prefix" and wl.params["popularity"] == 1.0
-    assert wl.warmup == flat.warmup  # the same groups and prompts; only popularity differs
+    # The same groups and sizes; other text, so one run's routing state cannot leak into the other.
+    assert [r.group for r in wl.warmup] == [r.group for r in flat.warmup]
+    assert {len(r.messages[0][1].split()) for r in wl.warmup} == {int(flat.params["prefix"])}
+    assert wl.warmup[0].messages[0][1][:64] != flat.warmup[0].messages[0][1][:64]
     n = int(wl.params["groups"])
     counts = Counter(r.group for r in itertools.islice(wl.requests(), 20_000))
     harmonic = sum(1 / k for k in range(1, n + 1))
@@ -133,3 +136,15 @@ def test_skewed_prefix_follows_zipf_over_the_same_groups() -> None:
         make_workload("skewed_prefix", SIZE, 0, {"popularity": 0})
     with pytest.raises(WorkloadError, match="popularity"):
         make_workload("shared_prefix", SIZE, 0, {"popularity": -1})
+
+
+def test_no_two_workloads_start_alike() -> None:
+    # A contender keeps its routing state from one workload to the next while the replicas'
+    # caches are reset in between: a shared opening would look like a cached prefix.
+    for seed in (0, 1):
+        openings = {
+            name: {r.messages[0][1][:48] for r in make_workload(name, SIZE, seed).warmup}
+            for name in WORKLOADS
+        }
+        for a, b in itertools.combinations(WORKLOADS, 2):
+            assert not openings[a] & openings[b], (a, b, seed)
