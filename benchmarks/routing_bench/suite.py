@@ -33,7 +33,7 @@ class SuiteConfig:
     sim: SimParams = field(default_factory=SimParams)
     workloads: dict[str, tuple[float, ...]] = field(default_factory=dict)  # name -> rates
     step_s: float = 6.0
-    warmup_rate: float = 20.0
+    warmup_rate: float = 40.0  # warm-up answers are short (warmup_max_tokens); send them fast
     warmup_timeout_s: float = 30.0
     warmup_max_tokens: int | None = 16  # warm-up outputs are cut to this (None: not cut)
     drain_s: float = 15.0
