@@ -83,7 +83,8 @@ def _compare(
 ) -> Target:
     qps = top_load(rows, workload)
     if qps is None:
-        note = "no contender kept >= 99% success at any load"
+        ran = any(r.get("workload") == workload and r.get("status") == "ok" for r in rows)
+        note = "no contender kept >= 99% success at any load" if ran else "workload not in this run"
         return Target(name, workload, None, None, None, "", limit, higher_is_better, None, note)
     at = _at(rows, workload, qps)
     ref_name, ref = reference(at)

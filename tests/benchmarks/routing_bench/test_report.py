@@ -56,6 +56,16 @@ def test_targets_not_evaluated_without_peers() -> None:
     assert peer.passed is None and "not evaluated" in peer.describe()
 
 
+def test_targets_of_a_workload_not_run_say_so() -> None:
+    rows = [r for r in ROWS if r["workload"] != "low_sharing"]
+    t = {x.name: x for x in evaluate(rows)}
+    low = t["low-sharing: default TTFT p90 within 5% of round-robin"]
+    assert low.passed is None and "workload not in this run" in low.describe()
+    failed = [{**r, "success_rate": 0.5} if r["workload"] == "low_sharing" else r for r in ROWS]
+    low = {x.name: x for x in evaluate(failed)}[low.name]
+    assert "no contender kept >= 99% success" in low.describe()
+
+
 def test_best_profile() -> None:
     best, scores = best_profile(ROWS)
     assert best == "gateway:default"
