@@ -278,7 +278,12 @@ def _system_prompt_traffic(share: float | None, count: int) -> list[int]:
     holders: dict[str, int] = {}
     for _ in range(count):
         # 32 blocks: a 512-token system prompt, 1/32 of a replica's cache.
-        request = RequestFeatures(model=MODEL, prefix_match=dict(holders), prompt_tokens=600)
+        request = RequestFeatures(
+            model=MODEL,
+            block_hashes=tuple(range(36)),
+            prefix_match=dict(holders),
+            prompt_tokens=600,
+        )
         name = router.route(request, fleet).replica.name
         holders[name] = 32
         i = [r.name for r in fleet].index(name)
@@ -307,8 +312,14 @@ def test_a_holder_over_its_share_is_not_won_back_by_its_prefix_score() -> None:
         replica(n, in_flight=x, cache_capacity_tokens=16384)
         for n, x in zip(NAMES, [3, 3, 0, 0], strict=True)
     ]
-    request = RequestFeatures(model=MODEL, prefix_match={"a": 32, "b": 32}, prompt_tokens=600)
+    request = RequestFeatures(
+        model=MODEL,
+        block_hashes=tuple(range(36)),
+        prefix_match={"a": 32, "b": 32},
+        prompt_tokens=600,
+    )
     decision = Router(profile).route(request, fleet)
+    assert decision.scores["prefix_affinity"]["a"] > decision.scores["prefix_affinity"]["c"]
     assert (decision.replica.name, decision.branch) in {("c", "load_guard"), ("d", "load_guard")}
 
 
