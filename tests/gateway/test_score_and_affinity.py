@@ -169,6 +169,40 @@ async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
             assert 'branch="load_guard"' in (await c.get("/metrics")).text
 
 
+async def test_new_questions_on_a_short_system_prompt_spread_over_the_fleet() -> None:
+    # The system prompt (~700 tokens) fills ~1% of a replica's cache, 1/11 of the default
+    # full_allowance_share: its holders get that share of the guard's allowance, so a burst of
+    # fresh questions spreads instead of piling onto the first holder (up to 17 of 24).
+    async with SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet:
+        cfg = gateway_config(fleet, score_loop=ScoreLoopConfig(scrape_interval_s=30.0))
+        async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+            pool = gw.runtime.pool
+            await eventually(
+                lambda: all(s.cache_capacity_tokens for s in pool.snapshots()), what="capacity"
+            )
+            assert (
+                await c.post("/v1/chat/completions", json=_chat(0, "warm up"))
+            ).status_code == 200
+
+            async def hold(i: int, stop: asyncio.Event) -> None:
+                body = _chat(0, f"question {i}", max_tokens=2000, ignore_eos=True, stream=True)
+                async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    async for _ in r.aiter_raw():
+                        if stop.is_set():
+                            break
+
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(hold(i, stop)) for i in range(BURST)]
+            await eventually(
+                lambda: sum(r.in_flight for r in pool) == BURST, what="burst in flight"
+            )
+            spread = sorted(r.in_flight for r in pool)
+            stop.set()
+            await asyncio.gather(*tasks)
+            assert spread[-1] <= BURST // 4 + 3 and spread[0] >= 3, spread
+            assert 'branch="prefix_hit"' in (await c.get("/metrics")).text
+
+
 async def test_new_prefixes_spread_over_the_emptiest_caches() -> None:
     # One request at a time: every replica is idle when the next arrives, so load cannot tell
     # them apart; the cache footprint must (two new prefixes per replica, not by chance).
