@@ -24,6 +24,7 @@ from gateway.config import (
     ProfileConfig,
     ReplicaConfig,
     RoutingConfig,
+    ScoreLoopConfig,
     ServerConfig,
 )
 from gateway.server import RunningGateway, running_gateway
@@ -68,6 +69,10 @@ def gateway_config(
     return GatewayConfig(
         server=ServerConfig(port=0),
         health_check=HealthCheckConfig(interval_s=0.5, timeout_s=2.0),
+        # The CPU engine shares 2 cores with the API server, whose /metrics can stall for
+        # seconds while a step finishes (1.8 s measured): the default 0.5 s would lose the
+        # very scrapes that show a replica busy (CI failed on that once).
+        score_loop=ScoreLoopConfig(scrape_timeout_s=5.0),
         routing=RoutingConfig(profile=profile, profiles=profiles or {}),
         cache_index=CacheIndexConfig(tokenizer=str(fleet.model_dir), block_size=fleet.block_size),
         replicas=tuple(

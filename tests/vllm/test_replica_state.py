@@ -63,7 +63,13 @@ async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
                 return any(m is not None and (m.running or 0) >= 1 and (m.kv_usage or 0) > 0
                            for m in ms)  # fmt: skip
 
-            await wait_until(busy, "a scraped running request with KV usage", within=5.0)
+            # The stream lasts about 5 s here; the deadline covers a slower engine.
+            try:
+                await wait_until(busy, "a scraped running request with KV usage", within=10.0)
+            except AssertionError as e:
+                seen = {r.name: (pool[r.name].metrics, pool[r.name].scrape_errors)
+                        for r in fleet.replicas}  # fmt: skip
+                raise AssertionError(f"{e}; metrics and scrape errors: {seen!r:.2000}") from e
             snaps = {s.name: s for s in pool.snapshots()}
             assert any((s.running or 0) >= 1 for s in snaps.values())
             assert all(s.waiting == 0 for s in snaps.values())
