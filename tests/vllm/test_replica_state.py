@@ -28,15 +28,32 @@ def _long_stream(fleet: VllmFleet, prompt: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _streaming(client: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[None]:
-    """A stream that has sent its first chunks; it is dropped (client gone) on exit."""
+async def _streaming(client: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[list[bytes]]:
+    """A stream that has sent its first chunks (yielded); it is dropped (client gone) on exit."""
     async with client.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200
         # Held until exit: a dropped iterator would be finalised at once, closing the stream.
         chunks = resp.aiter_raw()
-        for _ in range(3):
-            await anext(chunks)
-        yield
+        yield [await anext(chunks) for _ in range(3)]
+
+
+async def _replica_view(fleet: VllmFleet, first: list[bytes]) -> str:
+    """What each replica reports now, its log's last lines, and the stream's first chunks."""
+    parts = [f"first chunks: {first!r:.600}"]
+    async with httpx.AsyncClient(timeout=10.0) as direct:
+        for r in fleet.replicas:
+            try:
+                text = (await direct.get(r.url + "/metrics")).text
+                gauges = [line for line in text.splitlines() if line.startswith(_SHOWN)]
+            except httpx.HTTPError as exc:
+                gauges = [f"/metrics failed: {exc!r}"]
+            tail = r.log_path.read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"{r.name}: " + "; ".join(gauges) + "\n  log: " + "\n  log: ".join(tail))
+    return "\n".join(parts)
+
+
+_SHOWN = (RUNNING, "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+          "vllm:generation_tokens_total", "vllm:request_success_total")  # fmt: skip
 
 
 async def _fleet_running(direct: httpx.AsyncClient, fleet: VllmFleet) -> float:
@@ -56,7 +73,7 @@ async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
         stats = gw.runtime.affinity.prefixes.stats()
         assert {stats[r.name].capacity for r in fleet.replicas} == {fleet.num_gpu_blocks}
 
-        async with _streaming(client, _long_stream(fleet, "score loop sees me")):
+        async with _streaming(client, _long_stream(fleet, "score loop sees me")) as first:
 
             async def busy() -> bool:
                 ms = [pool[r.name].metrics for r in fleet.replicas]
@@ -67,9 +84,9 @@ async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
             try:
                 await wait_until(busy, "a scraped running request with KV usage", within=10.0)
             except AssertionError as e:
-                seen = {r.name: (pool[r.name].metrics, pool[r.name].scrape_errors)
-                        for r in fleet.replicas}  # fmt: skip
-                raise AssertionError(f"{e}; metrics and scrape errors: {seen!r:.2000}") from e
+                errors = {r.name: pool[r.name].scrape_errors for r in fleet.replicas}
+                view = await _replica_view(fleet, first)
+                raise AssertionError(f"{e}; scrape errors {errors}\n{view}") from e
             snaps = {s.name: s for s in pool.snapshots()}
             assert any((s.running or 0) >= 1 for s in snaps.values())
             assert all(s.waiting == 0 for s in snaps.values())
@@ -86,13 +103,18 @@ def _never() -> Any:
 
 async def test_client_disconnect_aborts_on_the_replica(fleet: VllmFleet) -> None:
     async with gateway_for(fleet) as (_, client), httpx.AsyncClient(timeout=10.0) as direct:
-        async with _streaming(client, _long_stream(fleet, "disconnect me early")):
+        async with _streaming(client, _long_stream(fleet, "disconnect me early")) as first:
 
             async def running() -> bool:
                 return await _fleet_running(direct, fleet) >= 1
 
             # The gauge follows engine steps: a stream's first chunks can precede it.
-            await wait_until(running, "vllm:num_requests_running >= 1", within=6.0, interval=0.02)
+            try:
+                await wait_until(
+                    running, "vllm:num_requests_running >= 1", within=6.0, interval=0.02
+                )
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{await _replica_view(fleet, first)}") from e
         dropped = time.monotonic()
 
         seen_at: list[float] = []
