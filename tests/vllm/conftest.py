@@ -35,11 +35,12 @@ if os.environ.get("LLMGW_SKIP_VLLM") == "1":
         raise pytest.UsageError("LLMGW_SKIP_VLLM=1 is not allowed in CI: the real vLLM tests run")
     collect_ignore_glob = ["test_*.py"]
 
-# 96 blocks x 32 tokens per replica: a 1024-token request fits three times over, and a
-# working set of a few thousand tokens overflows one replica but not the fleet of two.
+# 96 blocks x 32 tokens per replica: a working set of a few thousand tokens overflows one
+# replica but not the fleet of two. A 2048-token context lets one answer keep the engine
+# busy for about 6 s, longer than vLLM's API server can trail its engine on 2 busy cores.
 NUM_GPU_BLOCKS = 96
 BLOCK_SIZE = 32
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 2048
 # Covers the fleet's start-up (about 45 s alone, longer with two on two cores) in the first
 # test of a module; each later test takes seconds.
 TIMEOUT_S = 420
@@ -109,8 +110,8 @@ async def wait_until(
     return await wait_for(probe, what, within=within, interval=interval)
 
 
-async def metric(client: httpx.AsyncClient, url: str, name: str) -> float:
-    """Sum of every sample of `name` on a replica's /metrics."""
+async def metric(client: httpx.AsyncClient, url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` on a replica's /metrics that carry all of `labels`."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = (await client.get(url + "/metrics")).text
@@ -118,7 +119,7 @@ async def metric(client: httpx.AsyncClient, url: str, name: str) -> float:
         s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
-        if s.name == name
+        if s.name == name and labels.items() <= s.labels.items()
     )
 
 

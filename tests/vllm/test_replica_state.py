@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,32 +15,52 @@ import pytest
 from benchmarks.vllm_cpu import VllmFleet, VllmReplica
 from cache_index.hashing import block_hashes
 from gateway.server import RunningGateway
+from gateway.vllm_metrics import VllmMetrics
 from tests.vllm.conftest import TIMEOUT_S, gateway_for, metric, reset_caches, wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 
 RUNNING = "vllm:num_requests_running"
+SUCCESS = "vllm:request_success_total"
 
 
 def _long_stream(fleet: VllmFleet, prompt: str) -> dict[str, Any]:
-    # About 3 ms a token here: the answer streams for seconds unless it is aborted.
+    # About 3 ms a token here: the engine runs it for about 6 s unless it is aborted.
     return {"model": fleet.model, "prompt": prompt, "max_tokens": fleet.max_model_len - 64,
             "ignore_eos": True, "stream": True}  # fmt: skip
 
 
 @asynccontextmanager
 async def _streaming(client: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIterator[list[bytes]]:
-    """A stream that has sent its first chunks (yielded); it is dropped (client gone) on exit."""
-    async with client.stream("POST", "/v1/completions", json=body) as resp:
-        assert resp.status_code == 200
-        # Held until exit: a dropped iterator would be finalised at once, closing the stream.
-        chunks = resp.aiter_raw()
-        yield [await anext(chunks) for _ in range(3)]
+    """A stream sent through the gateway and held unread; dropped (client gone) on exit.
+
+    Yields the first chunks as they come. Nothing waits for them: under CPU contention vLLM's
+    SSE writer trails its engine by seconds (measured: the first chunks of a 960-token answer
+    came 2.8 s late, after its last token was generated), so a chunk in hand says nothing of
+    whether the request still runs. Callers watch the replicas' own gauges instead."""
+    first: list[bytes] = []
+
+    async def hold() -> None:
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            async for chunk in resp.aiter_raw():
+                first.append(chunk)
+                if len(first) == 3:
+                    await asyncio.Event().wait()  # unread from here on, until dropped
+
+    task = asyncio.create_task(hold())
+    try:
+        yield first
+    finally:
+        task.cancel()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        if isinstance(outcome, Exception):  # it failed before it was cancelled
+            raise outcome
 
 
-async def _replica_view(fleet: VllmFleet, first: list[bytes]) -> str:
-    """What each replica reports now, its log's last lines, and the stream's first chunks."""
-    parts = [f"first chunks: {first!r:.600}"]
+async def _replica_view(fleet: VllmFleet, first: list[bytes] | None = None) -> str:
+    """What each replica reports now, its log's last lines, and a stream's first chunks."""
+    parts = [] if first is None else [f"first chunks: {first!r:.600}"]
     async with httpx.AsyncClient(timeout=10.0) as direct:
         for r in fleet.replicas:
             try:
@@ -56,8 +77,34 @@ _SHOWN = (RUNNING, "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
           "vllm:generation_tokens_total", "vllm:request_success_total")  # fmt: skip
 
 
-async def _fleet_running(direct: httpx.AsyncClient, fleet: VllmFleet) -> float:
-    return sum([await metric(direct, r.url, RUNNING) for r in fleet.replicas])
+async def _fleet_sum(
+    direct: httpx.AsyncClient, fleet: VllmFleet, name: str, **labels: str
+) -> float:
+    return sum([await metric(direct, r.url, name, **labels) for r in fleet.replicas])
+
+
+@asynccontextmanager
+async def _keep_busy(client: httpx.AsyncClient, fleet: VllmFleet) -> AsyncIterator[None]:
+    """Long answers through the gateway, one after another, until exit.
+
+    One answer keeps the engine busy for about 6 s, but on 2 shared cores a process can go
+    unscheduled for as long while vLLM's engine and worker run (measured: 6.4 s): a scrape
+    taken after such a stall must still find a request running."""
+
+    async def loop() -> None:
+        for i in itertools.count():
+            body = {**_long_stream(fleet, f"keep busy {i}"), "stream": False}
+            resp = await client.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        if isinstance(outcome, Exception):  # it failed before it was cancelled
+            raise outcome
 
 
 async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
@@ -73,28 +120,28 @@ async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
         stats = gw.runtime.affinity.prefixes.stats()
         assert {stats[r.name].capacity for r in fleet.replicas} == {fleet.num_gpu_blocks}
 
-        async with _streaming(client, _long_stream(fleet, "score loop sees me")) as first:
+        async with _keep_busy(client, fleet):
 
-            async def busy() -> bool:
+            async def busy() -> list[VllmMetrics]:
                 ms = [pool[r.name].metrics for r in fleet.replicas]
-                return any(m is not None and (m.running or 0) >= 1 and (m.kv_usage or 0) > 0
-                           for m in ms)  # fmt: skip
+                return [m for m in ms if m and (m.running or 0) >= 1 and (m.kv_usage or 0) > 0]
 
-            # The stream lasts about 5 s here; the deadline covers a slower engine.
             try:
-                await wait_until(busy, "a scraped running request with KV usage", within=10.0)
+                seen = await wait_until(
+                    busy, "a scraped running request with KV usage", within=60.0
+                )
             except AssertionError as e:
                 errors = {r.name: pool[r.name].scrape_errors for r in fleet.replicas}
-                view = await _replica_view(fleet, first)
-                raise AssertionError(f"{e}; scrape errors {errors}\n{view}") from e
-            snaps = {s.name: s for s in pool.snapshots()}
-            assert any((s.running or 0) >= 1 for s in snaps.values())
-            assert all(s.waiting == 0 for s in snaps.values())
+                raise AssertionError(
+                    f"{e}; scrape errors {errors}\n{await _replica_view(fleet)}"
+                ) from e
+            # One request at a time: nothing waits.
+            assert [m.waiting for m in seen] == [0] * len(seen)
 
         async def idle() -> bool:
             return all((pool[r.name].metrics or _never()).running == 0 for r in fleet.replicas)
 
-        await wait_until(idle, "running back to 0 in the scraped metrics", within=5.0)
+        await wait_until(idle, "running back to 0 in the scraped metrics", within=30.0)
 
 
 def _never() -> Any:
@@ -102,34 +149,59 @@ def _never() -> Any:
 
 
 async def test_client_disconnect_aborts_on_the_replica(fleet: VllmFleet) -> None:
+    # A stalled process (see _keep_busy) can miss the request running, or delay the drop
+    # or the scrape after it: such an attempt proves nothing either way and is run again.
+    # An abort that never reaches vLLM fails every attempt.
     async with gateway_for(fleet) as (_, client), httpx.AsyncClient(timeout=10.0) as direct:
-        async with _streaming(client, _long_stream(fleet, "disconnect me early")) as first:
+        outcomes: list[float | str] = []
+        for attempt in range(3):
+            outcome = await _drop_one_stream(
+                client, direct, fleet, f"disconnect me early {attempt}"
+            )
+            if isinstance(outcome, float) and outcome < 1.0:
+                return
+            outcomes.append(outcome)
+    raise AssertionError(f"no stream stopped within 1 s of its drop: {outcomes}")
 
-            async def running() -> bool:
-                return await _fleet_running(direct, fleet) >= 1
 
-            # The gauge follows engine steps: a stream's first chunks can precede it.
-            try:
-                await wait_until(
-                    running, "vllm:num_requests_running >= 1", within=6.0, interval=0.02
-                )
-            except AssertionError as e:
-                raise AssertionError(f"{e}\n{await _replica_view(fleet, first)}") from e
-        dropped = time.monotonic()
+async def _drop_one_stream(
+    client: httpx.AsyncClient, direct: httpx.AsyncClient, fleet: VllmFleet, prompt: str
+) -> float | str:
+    """Stream through the gateway and drop it while vLLM runs it.
 
-        seen_at: list[float] = []
+    Returns the seconds from the drop to a scrape showing it stopped, or why it proved nothing."""
+    finished = await _fleet_sum(direct, fleet, SUCCESS)
+    body = _long_stream(fleet, prompt)
+    async with _streaming(client, body) as first:
 
-        async def stopped() -> bool:
-            sent = time.monotonic()
-            if await _fleet_running(direct, fleet) == 0:
-                seen_at.append(sent)
-                return True
-            return False
+        async def seen() -> str | None:
+            if await _fleet_sum(direct, fleet, RUNNING) >= 1:
+                return "running"
+            return "finished" if await _fleet_sum(direct, fleet, SUCCESS) > finished else None
 
-        await wait_until(stopped, "vllm:num_requests_running == 0", within=1.0, interval=0.05)
-        # Timed at the scrape that saw it stopped being sent: on 2 shared cores the CPU engine
-        # can take seconds to answer /metrics while it finishes a step (measured 3.6 s once).
-        assert seen_at[0] - dropped < 1.0
+        state = await wait_until(seen, "the stream running or finished", within=30.0, interval=0.02)
+        if state == "finished":
+            return "finished before this process saw it running"
+    dropped = time.monotonic()
+    seen_at: list[float] = []
+
+    async def stopped() -> bool:
+        sent = time.monotonic()
+        if await _fleet_sum(direct, fleet, RUNNING) == 0:
+            seen_at.append(sent)
+            return True
+        return False
+
+    try:
+        await wait_until(stopped, "vllm:num_requests_running == 0", within=30.0)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{await _replica_view(fleet, first)}") from e
+    # vLLM counts no abort in request_success_total: only a request run to its end shows there.
+    if await _fleet_sum(direct, fleet, SUCCESS) > finished:
+        return f"ran to its end, {seen_at[0] - dropped:.2f} s after the drop"
+    # Timed at the scrape that saw it stopped being sent: on 2 shared cores the CPU engine
+    # can take seconds to answer /metrics while it finishes a step (measured 3.6 s once).
+    return seen_at[0] - dropped
 
 
 async def _sync_index(gw: RunningGateway, fleet: VllmFleet, client: httpx.AsyncClient) -> None:
