@@ -71,8 +71,8 @@ def gateway_config(
         server=ServerConfig(port=0),
         health_check=HealthCheckConfig(interval_s=0.5, timeout_s=2.0),
         # The CPU engine shares 2 cores with the API server, whose /metrics can stall for
-        # seconds while a step finishes (1.8 s measured): the default 0.5 s would lose the
-        # very scrapes that show a replica busy (CI failed on that once).
+        # seconds while a step finishes (1.8 s measured): the default 0.5 s can lose the
+        # scrapes taken while a replica is busy, the very ones these tests look for.
         score_loop=ScoreLoopConfig(scrape_timeout_s=5.0),
         routing=RoutingConfig(profile=profile, profiles=profiles or {}),
         cache_index=CacheIndexConfig(tokenizer=str(fleet.model_dir), block_size=fleet.block_size),
