@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -48,13 +48,20 @@ async def _streaming(client: httpx.AsyncClient, body: dict[str, Any]) -> AsyncIt
                 if len(first) == 3:
                     await asyncio.Event().wait()  # unread from here on, until dropped
 
-    task = asyncio.create_task(hold())
-    try:
+    async with _in_background(hold()):
         yield first
+
+
+@asynccontextmanager
+async def _in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    """Runs `work` until exit, then cancels it; what it failed with before is raised."""
+    task = asyncio.create_task(work)
+    try:
+        yield
     finally:
         task.cancel()
         (outcome,) = await asyncio.gather(task, return_exceptions=True)
-        if isinstance(outcome, Exception):  # it failed before it was cancelled
+        if isinstance(outcome, Exception):
             raise outcome
 
 
@@ -97,14 +104,8 @@ async def _keep_busy(client: httpx.AsyncClient, fleet: VllmFleet) -> AsyncIterat
             resp = await client.post("/v1/completions", json=body)
             assert resp.status_code == 200, resp.text
 
-    task = asyncio.create_task(loop())
-    try:
+    async with _in_background(loop()):
         yield
-    finally:
-        task.cancel()
-        (outcome,) = await asyncio.gather(task, return_exceptions=True)
-        if isinstance(outcome, Exception):  # it failed before it was cancelled
-            raise outcome
 
 
 async def test_score_loop_reads_real_metrics(fleet: VllmFleet) -> None:
