@@ -32,7 +32,7 @@ import uvloop
 
 from benchmarks.loadgen_http import RoundResult
 from benchmarks.overhead_procs import child_env, cpu_seconds
-from gateway.grpc_gen import gateway_pb2 as pb
+from gateway.grpc.gen import gateway_pb2 as pb
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Inference"]
 CHAT = f"/{_SERVICE.full_name}/Chat"

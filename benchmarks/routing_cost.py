@@ -33,14 +33,14 @@ from typing import Any
 import orjson
 
 from cache_index.hashing import block_hashes, prompt_hash
-from cache_index.kv_events import BlockStored, EventBatch
-from cache_index.tokenizer import BuiltinTokenizer
-from gateway.affinity import Affinity
 from gateway.config import CacheIndexConfig, ReplicaConfig
-from gateway.replicas import ReplicaPool
-from gateway.requests import parse_request
+from gateway.proxy.affinity import Affinity
+from gateway.proxy.requests import parse_request
+from gateway.replicas.pool import ReplicaPool
 from routing.profile import BUILTIN_PROFILES
 from routing.router import Router
+from vllm_api.kv_events import BlockStored, EventBatch
+from vllm_api.tokenizer import BuiltinTokenizer
 
 REPLICAS = 16
 # Distinct cached prompts per replica in the index (the working set the lookups run against).

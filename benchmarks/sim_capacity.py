@@ -1,6 +1,6 @@
 """Capacity of the simulator itself: replicas x concurrent streams one process sustains.
 
-The fleet runs in a child process (`python -m benchmarks.sim`); the load generator (aiohttp
+The fleet runs in a child process (`python -m simulator`); the load generator (aiohttp
 streams, closed loop) runs in this process, so the two do not share an event loop. Distortion
 per request = measured at the client / modelled by the replica's step clock (from
 /_sim/timings, joined on X-Request-Id), for TTFT and mean inter-token latency.
@@ -69,7 +69,7 @@ async def _start_fleet(
     replicas: int, time_scale: float, interval: int
 ) -> tuple[asyncio.subprocess.Process, list[str]]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "benchmarks.sim", "--replicas", str(replicas), "--base-port", "0",
+        sys.executable, "-m", "simulator", "--replicas", str(replicas), "--base-port", "0",
         "--time-scale", str(time_scale), "--stream-interval", str(interval),
         "--kv-events", "false", "--max-num-seqs", "1024",
         stdout=asyncio.subprocess.PIPE,

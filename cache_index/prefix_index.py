@@ -22,7 +22,7 @@ from typing import Literal, TypeAlias
 
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import block_hashes
-from cache_index.kv_events import (
+from vllm_api.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import importlib.util
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway.config import (
     CacheIndexConfig,
@@ -16,7 +18,7 @@ from gateway.config import (
     load_config,
 )
 from gateway.config_loader import ConfigError
-from gateway.grpc_config import GrpcConfig
+from gateway.grpc.config import GrpcConfig
 
 
 def _setup_logging(level: str) -> None:
@@ -35,8 +37,8 @@ def _install_uvloop() -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from gateway.process import serve
     from gateway.runtime import build_router
-    from gateway.server import serve
 
     cfg = load_config(args.config)
     build_router(cfg)  # plugin errors surface before any socket opens
@@ -57,8 +59,9 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> None:
-    from benchmarks.sim import SimConfig, SimFleet
-    from gateway.server import running_gateway
+    # The demo is the one command besides `sim` that runs the simulator.
+    from gateway.process import running_gateway
+    from simulator import SimConfig, SimFleet
 
     sim_cfg = SimConfig(time_scale=args.time_scale)
     async with SimFleet(sim_cfg, replicas=args.replicas, host="127.0.0.1", base_port=0) as fleet:
@@ -101,31 +104,44 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_sim(args: argparse.Namespace) -> int:
-    from benchmarks.sim import cli as sim_cli
-
-    return sim_cli.run(args)
-
-
-def _cmd_bench_overhead(args: argparse.Namespace) -> int:
-    from benchmarks import overhead
-
-    return overhead.run(args)
-
-
-def _cmd_bench_routing_cost(args: argparse.Namespace) -> int:
-    from benchmarks import routing_cost
-
-    return routing_cost.run(args)
+# Commands whose arguments and code live in a module of their own, imported only when that
+# command is on the command line: `serve` never loads the simulator or the benchmarks.
+_LAZY: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("sim",), "simulator.cli", "run a fleet of simulated vLLM replicas"),
+    (("bench", "overhead"), "benchmarks.overhead", "the gateway's own cost vs a direct connection"),
+    (("bench", "routing"), "benchmarks.routing_bench.cli", "routing quality beside peer routers"),
+    (("bench", "routing-cost"), "benchmarks.routing_cost", "CPU cost of one routing decision"),
+)
+# What the `bench` extra installs beyond the gateway's own dependencies.
+BENCH_MODULES = ("matplotlib",)
+BENCH_INSTALL = "pip install 'llm-gateway[bench]'  (in a checkout: pip install -e '.[bench]')"
 
 
-def _cmd_bench_routing(args: argparse.Namespace) -> int:
-    from benchmarks.routing_bench import cli as routing_bench_cli
-
-    return routing_bench_cli.run(args)
+class _MissingExtra(Exception):
+    """A command needs an optional dependency that is not installed."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _require_bench_extra() -> None:
+    missing = [m for m in BENCH_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise _MissingExtra(
+            f"the benchmarks need the bench extra (missing: {', '.join(missing)}); "
+            f"install it with: {BENCH_INSTALL}"
+        )
+
+
+def _lazy_command(module_name: str, bench: bool) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        if bench:
+            _require_bench_extra()
+        module = importlib.import_module(module_name)
+        return int(module.run(args))
+
+    return run
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; a lazy command's own arguments are added only when `argv` names it."""
     parser = argparse.ArgumentParser(
         prog="llm-gateway", description="Cache- and load-aware gateway for vLLM fleets."
     )
@@ -150,38 +166,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0 = any free port)")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("sim", help="run a fleet of simulated vLLM replicas")
-    from benchmarks.sim import cli as sim_cli
-
-    sim_cli.add_arguments(p)
-    p.set_defaults(func=_cmd_sim)
-
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    p = bench.add_parser("overhead", help="the gateway's own cost vs a direct connection")
-    from benchmarks import overhead
-
-    overhead.add_arguments(p)
-    p.set_defaults(func=_cmd_bench_overhead)
-    p = bench.add_parser("routing", help="routing quality side by side with peer routers")
-    from benchmarks.routing_bench import cli as routing_bench_cli
-
-    routing_bench_cli.add_arguments(p)
-    p.set_defaults(func=_cmd_bench_routing)
-    p = bench.add_parser("routing-cost", help="CPU cost of one routing decision (16 replicas)")
-    from benchmarks import routing_cost
-
-    routing_cost.add_arguments(p)
-    p.set_defaults(func=_cmd_bench_routing_cost)
+    bench = sub.add_parser("bench", help="benchmarks (need the bench extra)")
+    groups = {"": sub, "bench": bench.add_subparsers(dest="bench", required=True)}
+    words = list(argv)
+    for path, module_name, help_text in _LAZY:
+        p = groups[" ".join(path[:-1])].add_parser(path[-1], help=help_text)
+        is_bench = path[0] == "bench"
+        p.set_defaults(func=_lazy_command(module_name, is_bench))
+        # Only the command being run gets its arguments (and so its module) loaded.
+        if _names(words, path):
+            if is_bench:
+                try:
+                    _require_bench_extra()
+                except _MissingExtra:
+                    continue  # the command itself says what to install
+            importlib.import_module(module_name).add_arguments(p)
     return parser
 
 
+def _names(words: list[str], path: tuple[str, ...]) -> bool:
+    """Whether the command line runs the command `path` (its words in order, options aside)."""
+    positional: list[str] = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+        elif w == "--log-level":
+            skip = True  # its value is not a command word
+        elif not w.startswith("-"):
+            positional.append(w)
+    return positional[: len(path)] == list(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level)
+    words = list(sys.argv[1:] if argv is None else argv)
     try:
+        args = build_parser(words).parse_args(words)
+        _setup_logging(args.log_level)
         return int(args.func(args))
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except _MissingExtra as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

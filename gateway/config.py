@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config_loader import ConfigError, load_dataclass
-from gateway.grpc_config import GrpcConfig
+from gateway.grpc.config import GrpcConfig
 
 
 def _positive(name: str, value: float) -> None:

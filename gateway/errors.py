@@ -1,22 +1,8 @@
-"""Gateway errors and their one mapping to vLLM's OpenAI-style error body."""
+"""The gateway's errors: each carries its HTTP status and a client-safe message."""
 
 from __future__ import annotations
 
-import orjson
-
-_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    405: "MethodNotAllowedError",
-    408: "RequestTimeoutError",
-    413: "RequestEntityTooLargeError",
-    429: "RateLimitError",
-    500: "InternalServerError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
+from vllm_api.errors import error_body, error_type
 
 
 class GatewayError(Exception):
@@ -41,7 +27,7 @@ class GatewayError(Exception):
 
     @property
     def error_type(self) -> str:
-        return _TYPES.get(self.status, "InternalServerError")
+        return error_type(self.status)
 
     def body(self) -> bytes:
         """vLLM 0.32's error body: {"error": {message, type, param, code}} with an int code."""
@@ -79,17 +65,3 @@ class UpstreamFailed(GatewayError):
 
 class UpstreamTimeout(GatewayError):
     status = 504
-
-
-def error_body(message: str, status: int, param: str | None = None) -> bytes:
-    """Serialise one error the way vLLM does."""
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": _TYPES.get(status, "InternalServerError"),
-                "param": param,
-                "code": status,
-            }
-        }
-    )

@@ -9,17 +9,18 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 
-from gateway.admission import Admission
-from gateway.affinity import Affinity
 from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
 from gateway.config_loader import ConfigError
-from gateway.gpu import Nvml
-from gateway.health import HealthChecker
-from gateway.kv_subscriber import KvEventSubscriber
-from gateway.pipeline import Pipeline
-from gateway.replicas import ReplicaPool, ReplicaState
-from gateway.score_loop import ScoreLoop
-from gateway.upstream import make_session
+from gateway.proxy.admission import Admission
+from gateway.proxy.affinity import Affinity
+from gateway.proxy.pipeline import Pipeline
+from gateway.proxy.upstream import make_session
+from gateway.replicas.gpu import Nvml
+from gateway.replicas.health import HealthChecker
+from gateway.replicas.kv_subscriber import KvEventSubscriber
+from gateway.replicas.pool import ReplicaPool
+from gateway.replicas.score_loop import ScoreLoop
+from gateway.replicas.state import ReplicaState
 from routing.profile import BUILTIN_PROFILES, PluginSpec, ProfileSpec
 from routing.router import Router
 from routing.types import RoutingError

@@ -176,9 +176,9 @@ def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str,
         except ValueError:
             value = raw
         out.setdefault(wl, {})[name] = value
-    for wl, params in out.items():
+    for wl, given in out.items():
         try:  # a typo fails here, before any fleet starts
-            make_workload(wl, FleetSize(1, 64, 16), 0, params)
+            make_workload(wl, FleetSize(1, 64, 16), 0, given)
         except WorkloadError as exc:
             raise ValueError(str(exc)) from None
     return out

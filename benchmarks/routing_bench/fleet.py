@@ -99,12 +99,12 @@ def _env() -> dict[str, str]:
 
 
 async def start_sim(p: SimParams, log: Path) -> RunningFleet:
-    """`python -m benchmarks.sim` in a child process; wait for its 'ready' line."""
+    """`python -m simulator` in a child process; wait for its 'ready' line."""
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "benchmarks.sim",
+            "simulator",
             *p.args(),
             stdout=asyncio.subprocess.PIPE,
             stderr=err,
@@ -182,7 +182,7 @@ def _word_tokens(tokenizer_dir: str | None) -> float:
     """Model tokens per workload word, so working sets are sized in the fleet's own tokens."""
     if not tokenizer_dir:
         return 1.0
-    from cache_index.tokenizer import load_tokenizer
+    from vllm_api.tokenizer import load_tokenizer
 
     sample = Words().text(random.Random(0), 1000)
     return round(len(load_tokenizer(tokenizer_dir).encode_plain(sample)) / 1000, 2)

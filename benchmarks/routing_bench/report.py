@@ -128,7 +128,7 @@ def render_markdown(
     md = [f"# Routing benchmark{tag}: {meta.get('date', '')}", ""]
     if sim:
         md += [
-            "**Every figure in this report comes from a simulated vLLM fleet** (benchmarks/sim: "
+            "**Every figure in this report comes from a simulated vLLM fleet** (simulator: "
             "vLLM's HTTP surface and metrics, a calibrated step-time model of an 8B model on one "
             "H100, scaled down); read them as simulated, not measured on GPUs.",
             "",

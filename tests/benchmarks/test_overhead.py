@@ -26,8 +26,8 @@ from benchmarks.overhead_report import (
 )
 from benchmarks.routing_bench.contenders import FleetInfo
 from benchmarks.static_upstream import MODEL, start
-from gateway.grpc_gen import gateway_pb2 as pb
-from gateway.grpc_gen import gateway_pb2_grpc as pb_grpc
+from gateway.grpc.gen import gateway_pb2 as pb
+from gateway.grpc.gen import gateway_pb2_grpc as pb_grpc
 
 ROW_FIELDS = {
     "target",

@@ -10,7 +10,8 @@ import pytest
 
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import block_hashes
-from cache_index.kv_events import (
+from cache_index.prefix_index import PrefixIndex
+from vllm_api.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -20,7 +21,6 @@ from cache_index.kv_events import (
     decode_batch,
     encode_batch,
 )
-from cache_index.prefix_index import PrefixIndex
 
 BS = 4
 RNG = random.Random(7)

@@ -30,7 +30,7 @@ SIM_TIME_SCALE = 100.0
 
 
 def sim_config(**overrides: Any) -> Any:
-    from benchmarks.sim import SimConfig
+    from simulator import SimConfig
 
     fields: dict[str, Any] = {
         "lora_adapters": (SIM_LORA,),
@@ -47,7 +47,7 @@ def sim_config(**overrides: Any) -> Any:
 @asynccontextmanager
 async def running_sim(config: Any) -> AsyncIterator[tuple[Target, Any]]:
     """A one-replica SimFleet and its Target; the replica handle is for the fault tests."""
-    from benchmarks.sim import SimFleet
+    from simulator import SimFleet
 
     async with SimFleet(config, replicas=1, host="127.0.0.1", base_port=0) as fleet:
         replica = fleet.replicas[0]

@@ -15,7 +15,7 @@ import zmq
 import zmq.asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from cache_index.kv_events import (
+from vllm_api.kv_events import (
     BlockStored,
     EventBatch,
     KvEvent,

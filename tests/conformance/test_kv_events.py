@@ -17,16 +17,6 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from cache_index.kv_events import (
-    MEDIUM_GPU,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvEvent,
-    decode_batch,
-    decode_seq,
-    encode_seq,
-)
 from tests.conformance.helpers import (
     KvSubscriber,
     Prompts,
@@ -36,6 +26,16 @@ from tests.conformance.helpers import (
     complete,
     prompt_of,
     scrape,
+)
+from vllm_api.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    decode_batch,
+    decode_seq,
+    encode_seq,
 )
 
 

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from cache_index.kv_events import AllBlocksCleared
 from tests.conformance.conftest import running_sim, sim_config
 from tests.conformance.helpers import (
     KvSubscriber,
@@ -28,6 +27,7 @@ from tests.conformance.helpers import (
     prompt_of,
     wait_for,
 )
+from vllm_api.kv_events import AllBlocksCleared
 
 FAULT_FIELDS = {
     "error_rate": 0.0,
@@ -202,7 +202,7 @@ async def test_slow_start(sim: tuple[Target, httpx.AsyncClient]) -> None:
 
 
 async def test_slow_start_from_config() -> None:
-    from benchmarks.sim import Faults
+    from simulator import Faults
 
     async with (
         running_sim(sim_config(faults=Faults(slow_start_seconds=0.5))) as (tgt, _),

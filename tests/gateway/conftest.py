@@ -10,7 +10,6 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from benchmarks.sim import SimConfig, SimFleet
 from gateway.config import (
     GatewayConfig,
     HealthCheckConfig,
@@ -18,7 +17,8 @@ from gateway.config import (
     ServerConfig,
     UpstreamConfig,
 )
-from gateway.server import RunningGateway, running_gateway
+from gateway.process import RunningGateway, running_gateway
+from simulator import SimConfig, SimFleet
 
 MODEL = "sim-llama-3-8b"
 LORA = "sim-lora"

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from benchmarks.sim import SimFleet
 from gateway.config import RoutingConfig, TelemetryConfig
-from gateway.server import running_gateway
+from gateway.process import running_gateway
+from simulator import SimFleet
 from tests.gateway.conftest import MODEL, gateway_config, set_faults
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

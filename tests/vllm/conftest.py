@@ -27,7 +27,7 @@ from gateway.config import (
     ScoreLoopConfig,
     ServerConfig,
 )
-from gateway.server import RunningGateway, running_gateway
+from gateway.process import RunningGateway, running_gateway
 from tests.conformance.helpers import wait_for
 
 if os.environ.get("LLMGW_SKIP_VLLM") == "1":

@@ -14,9 +14,9 @@ import pytest
 
 from benchmarks.vllm_cpu import VllmFleet, VllmReplica
 from cache_index.hashing import block_hashes
-from gateway.server import RunningGateway
-from gateway.vllm_metrics import VllmMetrics
+from gateway.process import RunningGateway
 from tests.vllm.conftest import TIMEOUT_S, gateway_for, metric, reset_caches, wait_until
+from vllm_api.metrics import VllmMetrics
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 

@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from benchmarks.vllm_cpu import VllmFleet
-from cache_index.chat_template import load_chat_template
 from cache_index.hashing import block_hashes
-from cache_index.tokenizer import load_tokenizer
-from gateway.requests import parse_request
+from gateway.proxy.requests import parse_request
 from tests.vllm.conftest import TIMEOUT_S, gateway_for
+from vllm_api.chat_template import load_chat_template
+from vllm_api.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 

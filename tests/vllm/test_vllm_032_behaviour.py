@@ -17,8 +17,8 @@ import orjson
 import pytest
 import pytest_asyncio
 
-from benchmarks.sim import SimConfig, SimFleet
 from benchmarks.vllm_cpu import VllmFleet
+from simulator import SimConfig, SimFleet
 from tests.conformance.helpers import parse_sse
 from tests.vllm.conftest import TIMEOUT_S
 

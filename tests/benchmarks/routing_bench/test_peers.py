@@ -34,7 +34,7 @@ from benchmarks.routing_bench.peers import (
     venv_dir,
     vllm_router_argv,
 )
-from benchmarks.sim import SimConfig, SimFleet
+from simulator import SimConfig, SimFleet
 
 FLEET = FleetInfo(
     urls=("http://127.0.0.1:8001", "http://127.0.0.1:8002"),

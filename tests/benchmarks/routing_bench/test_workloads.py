@@ -8,7 +8,7 @@ from benchmarks.routing_bench.workloads import (
     WorkloadError,
     make_workload,
 )
-from cache_index.tokenizer import BuiltinTokenizer
+from vllm_api.tokenizer import BuiltinTokenizer
 
 SIZE = FleetSize(replicas=8, blocks_per_replica=1024, block_size=16)
 TOK = BuiltinTokenizer()

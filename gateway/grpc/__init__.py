@@ -1,0 +1,1 @@
+"""The gRPC front end: server, service, message conversion, status mapping, generated stubs."""

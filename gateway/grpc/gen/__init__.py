@@ -1,0 +1,1 @@
+"""Python stubs generated from proto/llmgateway/v1/gateway.proto (`python -m gateway.grpc.gen`)."""

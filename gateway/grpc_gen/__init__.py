@@ -1,1 +1,0 @@
-"""Python stubs generated from proto/llmgateway/v1/gateway.proto (`python -m gateway.grpc_gen`)."""

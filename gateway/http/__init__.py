@@ -1,0 +1,1 @@
+"""The HTTP front end: the raw-ASGI hot path, the Starlette routes, the uvicorn server."""

@@ -1,0 +1,313 @@
+"""The HTTP front end: a raw-ASGI hot path for completions, Starlette for everything else."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    NoHealthyReplica,
+    PayloadTooLarge,
+    Unauthorized,
+)
+from gateway.proxy import hints
+from gateway.proxy.headers import client_response_headers
+from gateway.proxy.identity import ApiKeys, new_request_id, request_id
+from gateway.proxy.requests import Kind, ParsedRequest, parse_request
+from gateway.proxy.upstream import Exchange, StreamBroken
+from gateway.replicas.gpu import apply_heartbeat
+from gateway.runtime import Runtime
+from telemetry.metrics import CONTENT_TYPE
+from vllm_api.errors import error_body
+from vllm_api.sse import error_event
+
+log = logging.getLogger("llm_gateway.http")
+
+
+_JSON = (b"content-type", b"application/json")
+_HOT_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its request was being served."""
+
+
+class _Cycle:
+    """Per-request flags shared with the disconnect watcher."""
+
+    __slots__ = ("cut", "gone", "responded", "started")
+
+    def __init__(self) -> None:
+        self.gone = False
+        # The drain period ended while this request was open: end it, don't wait for it.
+        self.cut = False
+        # The status line went out (a stream): an error can only be an SSE event now.
+        self.started = False
+        # Set before the last send: uvicorn also reports "disconnect" once a response completes.
+        self.responded = False
+
+
+async def _send_error(send: Send, err: GatewayError, request_id: str) -> None:
+    body = err.body()
+    headers = [
+        _JSON,
+        (b"content-length", str(len(body)).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+    if err.retry_after_s is not None:
+        headers.append((b"retry-after", str(max(1, round(err.retry_after_s))).encode()))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _request_id(headers: list[tuple[bytes, bytes]], header: bytes) -> str:
+    for k, v in headers:
+        if k == header:
+            return request_id(v.decode("latin-1"))
+    return new_request_id()
+
+
+class GatewayApp:
+    """The ASGI application of one gateway process."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._open: dict[asyncio.Task[Any], _Cycle] = {}
+        runtime.stream_cutters.append(self._cut_streams)
+        cfg = runtime.config.server
+        self._limit = cfg.max_body_bytes
+        self._receive_timeout = cfg.request_receive_timeout_s
+        self._rid_header = cfg.request_id_header.lower().encode()
+        self._keys = ApiKeys(cfg.api_keys)
+        routes = [
+            Route("/health", self._health, methods=["GET"]),
+            Route("/ready", self._ready, methods=["GET"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/admin/heartbeat", self._heartbeat, methods=["POST"]),
+            *(Route(p, self._method_not_allowed, methods=["GET"]) for p in _HOT_PATHS),
+        ]
+        if runtime.config.telemetry.metrics_enabled:
+            routes.append(Route("/metrics", self._metrics, methods=["GET"]))
+        self._starlette = Starlette(
+            routes=routes,
+            exception_handlers={HTTPException: self._http_error},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            kind = _HOT_PATHS.get(scope["path"])
+            if kind is not None and scope["method"] == "POST":
+                await self._proxy(kind, scope, receive, send)
+                return
+        await self._starlette(scope, receive, send)
+
+    # --- the hot path -------------------------------------------------------------------
+
+    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
+        if not self._keys.enabled:
+            return
+        if not any(k == b"authorization" and self._keys.accepts(v) for k, v in headers):
+            raise Unauthorized("Invalid or missing API key.")
+
+    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+        for k, v in headers:
+            if k == b"content-length":
+                if not v.isdigit():
+                    raise BadRequest("Invalid Content-Length header.")
+                if int(v) > self._limit:
+                    raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self._receive_timeout):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _ClientGone
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self._limit:
+                        raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise GatewayError("Request body not received in time.", status=408) from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _proxy(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        request_id = _request_id(headers, self._rid_header)
+        runtime = self.runtime
+        try:
+            self._authorize(headers)
+            body = await self._read_body(headers, receive)
+            if runtime.draining:
+                raise NoHealthyReplica("The gateway is shutting down.")
+            parsed = hints.apply(parse_request(kind, body, request_id), hints.from_headers(headers))
+        except _ClientGone:
+            return
+        except GatewayError as err:
+            await _send_error(send, err, request_id)
+            return
+
+        # From here the client may vanish at any await: a watcher cancels this task if it does,
+        # which closes the upstream request and frees the replica's slot at once.
+        task = asyncio.current_task()
+        assert task is not None
+        cycle = _Cycle()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not cycle.responded:
+                cycle.gone = True
+                task.cancel()
+
+        watcher = asyncio.create_task(watch())
+        self._open[task] = cycle
+        try:
+            await self._serve(parsed, headers, started, send, cycle)
+        except asyncio.CancelledError:
+            if (cycle.gone or cycle.cut) and task.uncancel() == 0:
+                if cycle.gone:
+                    log.info("request %s: client disconnected", request_id)
+                    return
+                await self._send_cut(send, cycle, request_id)
+                return
+            raise
+        finally:
+            del self._open[task]
+            watcher.cancel()
+
+    def _cut_streams(self) -> None:
+        """Drain period over: end every open request now (its upstream is closed on the way)."""
+        for task, cycle in self._open.items():
+            if not cycle.responded:
+                cycle.cut = True
+                task.cancel()
+
+    async def _send_cut(self, send: Send, cycle: _Cycle, request_id: str) -> None:
+        log.warning("request %s: cut at the end of the drain period", request_id)
+        message = "The gateway is shutting down; the request was not completed."
+        if cycle.started:
+            event = error_event(message, 503)
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        else:
+            await _send_error(send, NoHealthyReplica(message), request_id)
+
+    async def _serve(
+        self,
+        req: ParsedRequest,
+        headers: list[tuple[bytes, bytes]],
+        started: float,
+        send: Send,
+        cycle: _Cycle,
+    ) -> None:
+        pipeline = self.runtime.pipeline
+        try:
+            exchange = await pipeline.open(req, headers, started)
+        except GatewayError as err:
+            cycle.responded = True
+            await _send_error(send, err, req.request_id)
+            return
+        ok = True
+        try:
+            ok = await self._relay(req, exchange, send, cycle)
+        except BaseException:
+            ok = True  # the client left (or shutdown): the replica did nothing wrong
+            raise
+        finally:
+            pipeline.finish(req, exchange, exchange.status, ok and exchange.status < 500)
+
+    async def _relay(
+        self, req: ParsedRequest, exchange: Exchange, send: Send, cycle: _Cycle
+    ) -> bool:
+        out_headers = client_response_headers(exchange.response.headers.items(), req.request_id)
+        if not exchange.streaming:
+            out_headers.append((b"content-length", str(len(exchange.first)).encode()))
+            cycle.responded = True
+            await send(
+                {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
+            )
+            await send({"type": "http.response.body", "body": exchange.first})
+            return True
+        cycle.started = True
+        await send(
+            {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
+        )
+        try:
+            async for chunk in exchange.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except StreamBroken as broken:
+            # Never retried once bytes went out: end with vLLM's error event and no [DONE].
+            log.warning(
+                "request %s: stream from %s broke: %s",
+                req.request_id,
+                exchange.lease.replica.name,
+                broken.reason,
+            )
+            self.runtime.metrics.stream_truncated(req.model, exchange.lease.replica.name)
+            msg = "The model server stopped streaming before the answer was complete."
+            event = error_event(msg, 502)
+            cycle.responded = True
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return False
+        cycle.responded = True
+        await send({"type": "http.response.body", "body": b""})
+        return True
+
+    # --- everything else ----------------------------------------------------------------
+
+    async def _health(self, _request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _ready(self, _request: Request) -> Response:
+        if self.runtime.draining or not self.runtime.pool.ready():
+            err = NoHealthyReplica("No replica is ready.")
+            return Response(err.body(), status_code=503, media_type="application/json")
+        return Response(b'{"status":"ready"}', media_type="application/json")
+
+    async def _models(self, _request: Request) -> Response:
+        body = orjson.dumps({"object": "list", "data": self.runtime.pool.model_cards()})
+        return Response(body, media_type="application/json")
+
+    async def _heartbeat(self, request: Request) -> Response:
+        try:
+            self._authorize(request.headers.raw)
+            body = await request.body()
+            if len(body) > 65536:
+                raise PayloadTooLarge("Heartbeat too large.")
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise BadRequest("Invalid JSON in heartbeat.") from None
+            apply_heartbeat(self.runtime.pool, data)
+        except GatewayError as err:
+            return Response(err.body(), status_code=err.status, media_type="application/json")
+        return Response(status_code=204)
+
+    async def _metrics(self, _request: Request) -> Response:
+        return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def _method_not_allowed(self, _request: Request) -> Response:
+        raise HTTPException(status_code=405)
+
+    async def _http_error(self, _request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        messages = {404: "Not Found", 405: "Method Not Allowed"}
+        body = error_body(messages.get(exc.status_code, exc.detail), exc.status_code)
+        return Response(body, status_code=exc.status_code, media_type="application/json")

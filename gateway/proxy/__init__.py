@@ -1,0 +1,1 @@
+"""One request from parsed body to upstream exchange: features, cache lookup, admission, retries."""

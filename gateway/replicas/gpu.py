@@ -1,0 +1,86 @@
+"""GPU memory and utilisation: worker heartbeats, or NVML read directly on the GPU host."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.errors import BadRequest
+from gateway.replicas.pool import ReplicaPool
+from gateway.replicas.state import ReplicaState
+
+log = logging.getLogger("llm_gateway.gpu")
+
+# NVML is cheap but synchronous; once a second is plenty for scores that move on that scale.
+NVML_INTERVAL_S = 1.0
+
+
+def apply_heartbeat(pool: ReplicaPool, data: Any) -> ReplicaState:
+    """Validate a worker heartbeat and record it; BadRequest names the faulty field."""
+    if not isinstance(data, Mapping):
+        raise BadRequest("The heartbeat must be a JSON object.")
+    name = data.get("replica")
+    if not isinstance(name, str) or name not in pool.replicas:
+        raise BadRequest("`replica` must name a configured replica.", param="replica")
+    used, total = data.get("gpu_memory_used_bytes"), data.get("gpu_memory_total_bytes")
+    util = data.get("gpu_utilization")
+    for key, value in (("gpu_memory_used_bytes", used), ("gpu_memory_total_bytes", total)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise BadRequest(f"`{key}` must be a non-negative integer.", param=key)
+    assert isinstance(used, int) and isinstance(total, int)
+    if total == 0 or used > total:
+        raise BadRequest("`gpu_memory_total_bytes` must be > 0 and >= used.", param=key)
+    if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 1:
+        raise BadRequest("`gpu_utilization` must be a number in [0, 1].", param="gpu_utilization")
+    replica = pool[name]
+    replica.gpu_mem_used_frac = used / total
+    replica.gpu_util = float(util)
+    replica.gpu_seen_at = time.monotonic()
+    return replica
+
+
+class Nvml:
+    """NVML when a driver is present; `available` False (and one log line) otherwise."""
+
+    def __init__(self) -> None:
+        self.available = False
+        self.reason = ""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self.available = True
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+            self.reason = f"{type(exc).__name__}: {exc}"
+            log.info("NVML unavailable (%s); GPU scores fall back to vLLM metrics", self.reason)
+
+    def read(self, indices: tuple[int, ...]) -> tuple[float, float]:
+        """(memory used fraction, utilisation 0..1) over the given devices."""
+        nv = self._nvml
+        used = total = 0
+        util = 0.0
+        for i in indices:
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            used += mem.used
+            total += mem.total
+            util += nv.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+        return used / total, util / len(indices)
+
+    async def run(self, pool: ReplicaPool) -> None:
+        """Sample every replica that names its GPUs, forever (cancelled by the owner)."""
+        local = [r for r in pool if r.config.gpu_indices]
+        while local:
+            for replica in local:
+                try:
+                    frac, util = await asyncio.to_thread(self.read, replica.config.gpu_indices)
+                except Exception as exc:  # a device vanished: keep the last value, ageing
+                    log.warning("NVML read for %s failed: %s", replica.name, exc)
+                    continue
+                replica.gpu_mem_used_frac, replica.gpu_util = frac, util
+                replica.gpu_seen_at = time.monotonic()
+            await asyncio.sleep(NVML_INTERVAL_S)

@@ -1,0 +1,110 @@
+"""Chat templates rendered exactly as the replica renders them (Jinja2, sandboxed)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from vllm_api.errors import VllmApiError
+
+# ChatML-like default, used when no tokenizer_config.json provides a template.
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(VllmApiError):
+    """Root error of the chat template module (bad config, template that fails to render)."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(message)
+
+
+def _content_text(content: Any) -> Any:
+    # OpenAI allows content as a list of parts; templates written for strings get the text parts.
+    if isinstance(content, list):
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return "" if content is None else content
+
+
+def _token_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return "" if value is None else str(value)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference."""
+
+    def __init__(
+        self, source: str = DEFAULT_TEMPLATE, bos_token: str = "", eos_token: str = ""
+    ) -> None:
+        # Same environment options as transformers' apply_chat_template, so renders match.
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = _raise
+        env.filters["tojson"] = lambda v, indent=None: json.dumps(
+            v, ensure_ascii=False, indent=indent
+        )
+        try:
+            self._template = env.from_string(source)
+        except Exception as exc:
+            raise ChatTemplateError(f"invalid chat template: {exc}") from exc
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render messages to the prompt text the replica tokenizes."""
+        msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        try:
+            return str(
+                self._template.render(
+                    messages=msgs,
+                    add_generation_prompt=add_generation_prompt,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                )
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:
+            raise ChatTemplateError(f"chat template failed: {exc}") from exc
+
+
+def load_chat_template(path: str | None) -> ChatTemplate:
+    """`None` -> default template; else a dir with tokenizer_config.json (or that file)."""
+    if path is None:
+        return ChatTemplate()
+    file = os.path.join(path, "tokenizer_config.json") if os.path.isdir(path) else path
+    if not os.path.exists(file):
+        return ChatTemplate()
+    try:
+        with open(file, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ChatTemplateError(f"cannot read {file}: {exc}") from exc
+    source = cfg.get("chat_template")
+    if isinstance(source, list):  # some configs hold named templates
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default") or next(iter(named.values()), None)
+    if not isinstance(source, str):
+        source = DEFAULT_TEMPLATE
+    return ChatTemplate(
+        source, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
+    )
