@@ -1,6 +1,6 @@
 """Pure cache index: block hashing, prompt and session caches, prefix index, admission queue."""
 
-from cache_index.admission_queue import AdmissionQueue, QueueFull, Ticket, bucket_names
+from cache_index.admission_queue import AdmissionQueue, QueueFull, Ticket, bucket_names, bucket_of
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import HashingError, block_hashes, char_block_hashes, prompt_hash
 from cache_index.prefix_home import PrefixHome
@@ -24,6 +24,7 @@ __all__ = [
     "TokensToHashes",
     "block_hashes",
     "bucket_names",
+    "bucket_of",
     "char_block_hashes",
     "prompt_hash",
     "session_key",

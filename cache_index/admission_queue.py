@@ -10,6 +10,9 @@ Dispatch order (pure policy; the gateway waits on futures and calls `pop` when a
    not stuck behind long ones and long ones are never starved. A bucket that was empty
    rejoins one stride past the current pass, so idle time banks no credit.
 Within a bucket, tickets go out oldest first across models.
+
+A request arrives with its bucket already named (`bucket_of`, once, when its features are
+computed), so the queue and everything that reports per bucket agree on one placement.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ class Ticket:
     item_id: str
     model: str
     bucket: str
-    tokens: int
     enqueued_at: float
     deadline: float
     order: int
@@ -53,6 +55,11 @@ def bucket_names(limits: Sequence[int]) -> tuple[str, ...]:
     if not limits:
         return ("all",)
     return (*(f"le{limit}" for limit in limits), f"gt{limits[-1]}")
+
+
+def bucket_of(limits: Sequence[int], tokens: int) -> str:
+    """The bucket a prompt of `tokens` tokens falls into under increasing, inclusive `limits`."""
+    return bucket_names(limits)[bisect_left(limits, tokens)]
 
 
 class AdmissionQueue:
@@ -79,6 +86,7 @@ class AdmissionQueue:
             raise CacheIndexError("need max_depth > 0, max_wait_s > 0, 0 < long_share <= 0.5")
         self.limits = limits
         self.names = bucket_names(limits)
+        self._slot = {name: i for i, name in enumerate(self.names)}
         self.max_depth = max_depth
         self.max_wait_s = max_wait_s
         self.age_first_s = max_wait_s / 2 if age_first_s is None else age_first_s
@@ -101,24 +109,19 @@ class AdmissionQueue:
     def __contains__(self, item_id: object) -> bool:
         return item_id in self._live
 
-    def _index(self, tokens: int) -> int:
-        return bisect_left(self.limits, tokens)
-
-    def bucket_of(self, tokens: int) -> str:
-        """The bucket name for a prompt of `tokens` tokens (limits are inclusive)."""
-        return self.names[self._index(tokens)]
-
     def push(
-        self, item_id: str, model: str, tokens: int, now: float, since: float | None = None
+        self, item_id: str, model: str, bucket: str, now: float, since: float | None = None
     ) -> Ticket:
-        """Queue a request; raises QueueFull when its (model, bucket) queue is full.
+        """Queue a request in its bucket (a name of `names`); QueueFull when that queue is full.
 
         `since`: when the request first queued, for one woken but sent back again (it keeps
         its age and deadline).
         """
         if item_id in self._live:
             raise CacheIndexError(f"ticket {item_id!r} is already queued")
-        b = self._index(tokens)
+        b = self._slot.get(bucket)
+        if b is None:
+            raise CacheIndexError(f"unknown bucket {bucket!r} (buckets: {', '.join(self.names)})")
         key = (model, b)
         if self._depth.get(key, 0) >= self.max_depth:
             raise QueueFull(model, self.names[b], self.retry_after_s(now))
@@ -128,7 +131,7 @@ class AdmissionQueue:
             self._pass[b] = max(self._pass[b], self._vtime + self._stride[b])
         start = now if since is None else since
         deadline = start + self.max_wait_s
-        ticket = Ticket(item_id, model, self.names[b], tokens, start, deadline, self._order)
+        ticket = Ticket(item_id, model, bucket, start, deadline, self._order)
         self._order += 1
         self._queues.setdefault(key, deque()).append(ticket)
         self._depth[key] = self._depth.get(key, 0) + 1
@@ -198,7 +201,7 @@ class AdmissionQueue:
         ticket = self._live.get(item_id)
         if ticket is None:
             return False
-        key = (ticket.model, self._index(ticket.tokens))
+        key = (ticket.model, self._slot[ticket.bucket])
         self._forget(key, ticket)
         queue = self._queues.get(key)
         # Bound dead entries: rebuild the deque once they outnumber the live ones.

@@ -176,10 +176,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         # Only the command being run gets its arguments (and so its module) loaded.
         if _names(words, path):
             if is_bench:
-                try:
-                    _require_bench_extra()
-                except _MissingExtra:
-                    continue  # the command itself says what to install
+                # Stop here, not in parse_args: without its module the command's own options
+                # are unknown, and argparse would answer "unrecognized arguments" instead.
+                _require_bench_extra()
             importlib.import_module(module_name).add_arguments(p)
     return parser
 

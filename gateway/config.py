@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.config_loader import ConfigError, load_dataclass
 from gateway.grpc.config import GrpcConfig
+from routing.profile import ProfileSpec
 
 
 def _positive(name: str, value: float) -> None:
@@ -117,29 +118,21 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class PluginConfig:
-    """One routing plugin in a profile: its registry key, weight (scorers) and parameters."""
-
-    type: str
-    weight: float = 1.0
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileConfig:
-    """A routing profile: filters, weighted scorers, one picker."""
-
-    picker: PluginConfig
-    filters: tuple[PluginConfig, ...] = ()
-    scorers: tuple[PluginConfig, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class RoutingConfig:
     """Which profile routes requests; user profiles add to (or replace) the built-in ones."""
 
     profile: str = "default"
-    profiles: dict[str, ProfileConfig] = field(default_factory=dict)
+    # Routing's own specs: [routing.profiles.<name>] is loaded straight into them.
+    profiles: dict[str, ProfileSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A profile is named by its key; a `name` key in its table may only repeat it.
+        named: dict[str, ProfileSpec] = {}
+        for key, spec in self.profiles.items():
+            if spec.name not in ("", key):
+                raise ValueError(f"profiles.{key}.name must be {key!r}, not {spec.name!r}")
+            named[key] = spec if spec.name == key else replace(spec, name=key)
+        object.__setattr__(self, "profiles", named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +182,8 @@ class CacheIndexConfig:
     # a prefix vLLM evicted under pressure still routes back to the replica that had it
     # (recomputed there) instead of being placed anew: a stable prefix-to-replica map.
     history_ratio: float = 4.0
-    # Memory bound of the whole prefix index (about 200 bytes per block).
+    # Memory bound of the whole prefix index; `llm-gateway bench routing-cost` measures the
+    # bytes per block (benchmarks/routing_cost.py).
     max_total_blocks: int = 2_000_000
 
     def __post_init__(self) -> None:

@@ -9,19 +9,19 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 
-from gateway.config import GatewayConfig, PluginConfig, ProfileConfig
+from gateway.config import GatewayConfig
 from gateway.config_loader import ConfigError
 from gateway.proxy.admission import Admission
 from gateway.proxy.affinity import Affinity
 from gateway.proxy.pipeline import Pipeline
-from gateway.proxy.upstream import make_session
+from gateway.proxy.upstream import AiohttpUpstream, make_session
 from gateway.replicas.gpu import Nvml
 from gateway.replicas.health import HealthChecker
 from gateway.replicas.kv_subscriber import KvEventSubscriber
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.score_loop import ScoreLoop
 from gateway.replicas.state import ReplicaState
-from routing.profile import BUILTIN_PROFILES, PluginSpec, ProfileSpec
+from routing.profile import BUILTIN_PROFILES
 from routing.router import Router
 from routing.types import RoutingError
 from telemetry.metrics import GatewayMetrics
@@ -30,23 +30,9 @@ from telemetry.tracing import Tracing, TracingSettings
 log = logging.getLogger("llm_gateway")
 
 
-def _spec(name: str, profile: ProfileConfig) -> ProfileSpec:
-    def plugin(p: PluginConfig) -> PluginSpec:
-        return PluginSpec(type=p.type, weight=p.weight, params=dict(p.params))
-
-    return ProfileSpec(
-        name=name,
-        filters=tuple(plugin(p) for p in profile.filters),
-        scorers=tuple(plugin(p) for p in profile.scorers),
-        picker=plugin(profile.picker),
-    )
-
-
 def build_router(config: GatewayConfig) -> Router:
     """The router of the configured profile; plugin errors become ConfigErrors naming the path."""
-    profiles = dict(BUILTIN_PROFILES)
-    for name, profile in config.routing.profiles.items():
-        profiles[name] = _spec(name, profile)
+    profiles = {**BUILTIN_PROFILES, **config.routing.profiles}
     chosen = config.routing.profile
     if chosen not in profiles:
         raise ConfigError(
@@ -70,7 +56,7 @@ class Runtime:
             gpu_stale_s=config.score_loop.heartbeat_stale_s,
         )
         self.nvml: Nvml | None = None
-        self.affinity = Affinity(config.cache_index, self.pool.is_lora)
+        self.affinity = Affinity(config.cache_index, self.pool.is_lora, config.admission.buckets)
         self.admission = Admission(config.admission) if config.admission.enabled else None
         tel = config.telemetry
         self.tracing: Tracing | None = None
@@ -103,7 +89,7 @@ class Runtime:
             self.config,
             self.pool,
             self.router,
-            session,
+            AiohttpUpstream(session),
             self.metrics,
             self.affinity,
             self.admission,
@@ -115,6 +101,7 @@ class Runtime:
             session,
             self.affinity.prefixes.set_capacity,
             self.admission.notify if self.admission is not None else lambda: None,
+            on_restart=self._replica_restarted,
         )
         # One probe and scrape round before serving: a healthy fleet is routable, with load
         # figures, from the first request.
@@ -139,6 +126,11 @@ class Runtime:
             len(self.pool.replicas),
             sum(r.healthy for r in self.pool),
         )
+
+    def _replica_restarted(self, name: str) -> None:
+        """Its KV cache is gone: no tier may send a request there for what it held."""
+        self.affinity.forget_replica(name)
+        self.pool[name].cached_blocks = self.affinity.prefixes.blocks(name)
 
     async def _health_loop(self, checker: HealthChecker, replica: ReplicaState) -> None:
         interval = self.config.health_check.interval_s

@@ -11,6 +11,7 @@ from routing.profile import (
 from routing.registry import PLUGINS, describe_plugins
 from routing.router import Router
 from routing.types import (
+    Branch,
     Decision,
     Filter,
     NoReplicaError,
@@ -20,12 +21,14 @@ from routing.types import (
     ReplicaSnapshot,
     RequestFeatures,
     RoutingError,
+    Saturated,
     Scorer,
 )
 
 __all__ = [
     "BUILTIN_PROFILES",
     "PLUGINS",
+    "Branch",
     "Decision",
     "Filter",
     "Kind",
@@ -42,6 +45,7 @@ __all__ = [
     "RequestFeatures",
     "Router",
     "RoutingError",
+    "Saturated",
     "Scorer",
     "describe_plugins",
     "param",

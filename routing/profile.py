@@ -1,4 +1,4 @@
-"""Routing profiles: which filters, weighted scorers and picker a Router runs."""
+"""Routing profiles: which filters, weighted scorers, picker and cache tiers a Router runs."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from routing.plugin import AnyFactory, Kind
 from routing.registry import PLUGINS
-from routing.types import PluginConfigError
+from routing.types import TIERS, PluginConfigError, Tier
+
+# These two dataclasses are also the TOML schema of [routing.profiles.<name>]: the gateway's
+# strict loader builds them, so a key here is a config key and a type here is checked there.
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,23 +22,33 @@ class PluginSpec:
 
     type: str
     weight: float = 1.0
-    params: Mapping[str, object] = field(default_factory=dict)
+    # Any: raw config values; each plugin's factory checks and types its own.
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class ProfileSpec:
-    """A named pipeline: filters in order, weighted scorers, one picker."""
+    """A pipeline: filters in order, weighted scorers, one picker, the cache tiers followed."""
 
-    name: str
-    filters: tuple[PluginSpec, ...]
-    scorers: tuple[PluginSpec, ...]
     picker: PluginSpec
+    filters: tuple[PluginSpec, ...] = ()
+    scorers: tuple[PluginSpec, ...] = ()
+    # The tier whose candidate becomes request.affinity_replica: the first of these, in this
+    # order, that has one (the Router resolves it before any plugin runs). () follows none.
+    affinity: tuple[Tier, ...] = TIERS
+    # The profile's key in BUILTIN_PROFILES or [routing.profiles]; names it in messages.
+    name: str = ""
+
+
+def _where(profile: str, slot: str = "") -> str:
+    head = f"profile {profile!r}" if profile else "profile"
+    return f"{head} {slot}" if slot else head
 
 
 def _lookup(
     profile: str, slot: str, spec: object, kind: Kind, plugins: Mapping[str, AnyFactory]
 ) -> AnyFactory:
-    where = f"profile {profile!r} {slot}"
+    where = _where(profile, slot)
     if not isinstance(spec, PluginSpec):
         raise PluginConfigError(f"{where}: expected a plugin spec, got {spec!r}")
     factory = plugins.get(spec.type)
@@ -61,7 +75,7 @@ def resolve_profile(
     """Factories for (filters, scorers, picker), or PluginConfigError with a clear message."""
     name = profile.name
     if profile.picker is None:
-        raise PluginConfigError(f"profile {name!r}: no picker (every profile needs exactly one)")
+        raise PluginConfigError(f"{_where(name)}: no picker (every profile needs exactly one)")
     filters = [
         _lookup(name, f"filters[{i}]", s, "filter", plugins) for i, s in enumerate(profile.filters)
     ]
@@ -72,8 +86,15 @@ def resolve_profile(
     seen: set[str] = set()
     for spec in (*profile.filters, *profile.scorers):
         if spec.type in seen:
-            raise PluginConfigError(f"profile {name!r}: plugin {spec.type!r} appears twice")
+            raise PluginConfigError(f"{_where(name)}: plugin {spec.type!r} appears twice")
         seen.add(spec.type)
+    for i, tier in enumerate(profile.affinity):
+        if tier not in TIERS:
+            known = ", ".join(sorted(TIERS))
+            where = _where(name, f"affinity[{i}]")
+            raise PluginConfigError(f"{where}: unknown tier {tier!r} (known: {known})")
+        if tier in profile.affinity[:i]:
+            raise PluginConfigError(f"{_where(name, 'affinity')}: tier {tier!r} appears twice")
     return filters, scorers, picker
 
 
@@ -87,14 +108,14 @@ def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = P
 
 _ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
 # A replica with a long vLLM waiting queue takes no new requests: they wait in the gateway's
-# admission queue instead. Only that limit: measured (benchmarks/results/2026-11-29b-routing-sim),
-# a KV-usage limit turns cache hits into misses under load, because a prefix holder runs with
-# its cache nearly full by design; vLLM queues a request that does not fit on its own.
+# admission queue instead. Only that limit: measured (benchmarks/results/2026-11-29b-routing-sim/
+# analysis.md), a KV-usage limit turns cache hits into misses under load, because a prefix
+# holder runs with its cache nearly full by design; vLLM queues a request that does not fit.
 _SATURATION = PluginSpec("saturation", params={"max_waiting": 64.0, "max_kv_usage": None})
 _AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
 # The guard measured best on the shared-prefix workload (same report): stick to the holder
 # until its load passes 2 x the mean + 8; the plugin's own defaults (1.5 x mean + 2) gave
-# away hits under load (hit rate 86% -> 46% at 40 req/s).
+# away hits under load (benchmarks/results/2026-11-29-routing-sim/analysis.md).
 # A match under 1/8 of the holder's KV cache earns that share of the allowance: a short system
 # prompt is cheap to copy, so its first holders should not take every new conversation
 # (benchmarks/results/2026-11-30-routing-sim/analysis.md).
@@ -120,25 +141,26 @@ def _prefix(name: str) -> ProfileSpec:
     # a replica full of stale cache got no new requests for seconds
     # (benchmarks/results/2026-11-29c-routing-sim/analysis.md).
     scorers = (*_LOAD_SCORERS[:3], PluginSpec("prefix_affinity", 2.0), _LOAD_SCORERS[3])
-    return ProfileSpec(name, _AFFINITY_FILTERS, scorers, _GUARD)
+    return ProfileSpec(_GUARD, _AFFINITY_FILTERS, scorers, name=name)
 
 
 BUILTIN_PROFILES: Mapping[str, ProfileSpec] = MappingProxyType(
     {
-        "round_robin": ProfileSpec("round_robin", _ELIGIBLE, (), PluginSpec("round_robin")),
-        "random": ProfileSpec("random", _ELIGIBLE, (), PluginSpec("random")),
+        "round_robin": ProfileSpec(PluginSpec("round_robin"), _ELIGIBLE, name="round_robin"),
+        "random": ProfileSpec(PluginSpec("random"), _ELIGIBLE, name="random"),
         "least_load": ProfileSpec(
-            "least_load", _ELIGIBLE, (PluginSpec("least_inflight"),), PluginSpec("max_score")
+            PluginSpec("max_score"), _ELIGIBLE, (PluginSpec("least_inflight"),), name="least_load"
         ),
-        # Sticky sessions (the gateway sets affinity_replica from the session id), released by
-        # the load guard; misses and guarded requests go by load. No prefix holders: with them
-        # this profile decided exactly as `default` does, so the benchmark compared two runs of
-        # one policy (benchmarks/results/2026-11-29d-routing-sim/analysis.md).
+        # Sticky sessions (a repeated prompt, then the session id), released by the load
+        # guard; misses and guarded requests go by load. No prefix holders nor homes: with
+        # them this profile decided exactly as `default` does, so the benchmark compared two
+        # runs of one policy (benchmarks/results/2026-11-29d-routing-sim/analysis.md).
         "session": ProfileSpec(
-            "session",
+            PluginSpec("affinity_guard", params={**_GUARD.params, "prefix_holders": False}),
             _AFFINITY_FILTERS,
             _LOAD_SCORERS,
-            PluginSpec("affinity_guard", params={**_GUARD.params, "prefix_holders": False}),
+            affinity=("prompt_cache", "session"),
+            name="session",
         ),
         "prefix": _prefix("prefix"),
         # The prefix profile: with no KV events the gateway fills prefix_match from its

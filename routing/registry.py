@@ -63,5 +63,5 @@ PLUGINS: Mapping[str, AnyFactory] = MappingProxyType({f.type: f for f in _FACTOR
 
 
 def describe_plugins() -> list[PluginInfo]:
-    """Every registered plugin with its kind, one-line doc and params (for docs and examples)."""
+    """Every registered plugin with its kind, one-line doc and params (routing.docs renders it)."""
     return [f.describe() for f in PLUGINS.values()]

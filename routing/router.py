@@ -1,8 +1,10 @@
-"""The Router: exclude -> filters -> clamped weighted scorers -> picker, one Decision out."""
+"""The Router: affinity tier -> exclude -> filters -> clamped weighted scorers -> picker."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import fields
+from operator import attrgetter
 
 from routing.plugin import AnyFactory
 from routing.profile import ProfileSpec, resolve_profile
@@ -15,20 +17,37 @@ from routing.types import (
     ReplicaSnapshot,
     RequestFeatures,
     RoutingError,
+    Saturated,
     Scorer,
+    Tier,
 )
+
+# The RequestFeatures field holding each tier's candidate.
+_TIER_FIELD: Mapping[Tier, str] = {
+    "prompt_cache": "prompt_cache_replica",
+    "session": "session_replica",
+    "prefix_home": "prefix_home_replica",
+}
+# Copied positionally, at half the cost of dataclasses.replace: it runs on every request that
+# has an affinity candidate.
+_FIELDS = tuple(f.name for f in fields(RequestFeatures))
+_ALL_FIELDS = attrgetter(*_FIELDS)
+_REPLICA_AT, _KIND_AT = _FIELDS.index("affinity_replica"), _FIELDS.index("affinity_kind")
 
 
 class Router:
     """Routes requests with one profile; stateful plugins make it one instance per process."""
 
-    __slots__ = ("_filters", "_name", "_picker", "_scorers")
+    __slots__ = ("_filters", "_name", "_picker", "_scorers", "_tiers")
 
     def __init__(self, profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = PLUGINS) -> None:
         filters, scorers, picker = resolve_profile(profile, plugins)
         self._name = profile.name
-        self._filters: tuple[tuple[str, Filter], ...] = tuple(
-            (s.type, f.build(s.params)) for f, s in zip(filters, profile.filters, strict=True)
+        self._tiers = tuple((t, _TIER_FIELD[t]) for t in profile.affinity)
+        built = [(s.type, f.build(s.params)) for f, s in zip(filters, profile.filters, strict=True)]
+        # (name, filter, saturating): see Filter for what a saturating filter is.
+        self._filters: tuple[tuple[str, Filter, bool], ...] = tuple(
+            (name, f, getattr(f, "saturating", False) is True) for name, f in built
         )
         self._scorers: tuple[tuple[str, float, Scorer], ...] = tuple(
             (s.type, s.weight, f.build(s.params))
@@ -50,17 +69,18 @@ class Router:
         """Choose a replica for `request`, never one named in `exclude` (earlier tries)."""
         if not replicas:
             raise NoReplicaError(request.model, "no replicas configured")
+        if request.affinity_replica is None:
+            request = self._follow_tiers(request)
         candidates = replicas
         if exclude:
             candidates = [r for r in replicas if r.name not in exclude]
             if not candidates:
                 raise NoReplicaError(request.model, "every replica was already tried")
-        for name, filt in self._filters:
+        for name, filt, saturating in self._filters:
             candidates = filt.filter(request, candidates)
             if not candidates:
-                raise NoReplicaError(
-                    request.model, f"filter {name!r} removed every replica", filter_name=name
-                )
+                error = Saturated if saturating else NoReplicaError
+                raise error(request.model, f"filter {name!r} removed every replica")
 
         n = len(candidates)
         totals = [0.0] * n
@@ -85,3 +105,15 @@ class Router:
             scores=scores,
             candidates=n,
         )
+
+    def _follow_tiers(self, request: RequestFeatures) -> RequestFeatures:
+        """`request` with the candidate of the profile's first tier that has one, if any."""
+        # Once, before the filters: a tier whose replica is then filtered out or already tried
+        # does not hand over to the next tier; the picker goes on to prefix holders and load.
+        for tier, name in self._tiers:
+            replica: str | None = getattr(request, name)
+            if replica is not None:
+                values = list(_ALL_FIELDS(request))
+                values[_REPLICA_AT], values[_KIND_AT] = replica, tier
+                return RequestFeatures(*values)
+        return request

@@ -1,10 +1,11 @@
-"""Helpers for scorers that read scraped replica fields, which may be unknown or stale."""
+"""Helpers shared by plugins: scraped fields that may be unknown or stale, load, tie-breaks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import random
+from collections.abc import Mapping, Sequence
 
-from routing.types import ReplicaSnapshot, RequestFeatures
+from routing.types import Branch, ReplicaSnapshot, RequestFeatures, Tier
 
 NEUTRAL = 0.5
 
@@ -44,16 +45,35 @@ def relative(values: Sequence[float], unit: float = 1.0) -> list[float]:
     return [1.0 - (x - low) * scale for x in values]
 
 
-_AFFINITY_BRANCH: dict[str | None, str] = {
-    "session": "session",
-    "prompt_cache": "prompt_cache_hit",
-    "prefix_home": "prefix_home",
+_AFFINITY_BRANCH: Mapping[Tier | None, Branch] = {
+    "session": Branch.SESSION,
+    "prompt_cache": Branch.PROMPT_CACHE_HIT,
+    "prefix_home": Branch.PREFIX_HOME,
 }
 
 
-def affinity_branch(request: RequestFeatures) -> str:
+def affinity_branch(request: RequestFeatures) -> Branch:
     """The branch label of a pick that followed request.affinity_replica (by its kind)."""
-    return _AFFINITY_BRANCH.get(request.affinity_kind, "prompt_cache_hit")
+    return _AFFINITY_BRANCH.get(request.affinity_kind, Branch.PROMPT_CACHE_HIT)
+
+
+def near_best(
+    values: Sequence[float], epsilon: float, among: Sequence[int] | None = None
+) -> list[int]:
+    """Indices (of `among`, default all) whose value is within `epsilon` of the highest."""
+    # An epsilon, not equality: float rounding in a weighted sum must not break a tie.
+    if among is None:
+        floor = max(values) - epsilon
+        return [i for i, v in enumerate(values) if v >= floor]
+    floor = max(values[i] for i in among) - epsilon
+    return [i for i in among if values[i] >= floor]
+
+
+def choose(rng: random.Random, tied: Sequence[int]) -> int:
+    """One of the tied indices, uniformly at random; a unique best draws nothing from `rng`."""
+    # Random, not "first wins": equally good replicas stay evenly used. No draw for a unique
+    # best, so a seeded generator advances only on real ties.
+    return tied[0] if len(tied) == 1 else tied[rng.randrange(len(tied))]
 
 
 def load(r: ReplicaSnapshot) -> float:

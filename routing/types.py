@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from enum import StrEnum
+from typing import Literal, Protocol
 
 
 class RoutingError(Exception):
@@ -14,16 +15,46 @@ class RoutingError(Exception):
 class NoReplicaError(RoutingError):
     """No replica survived the filters for this request."""
 
-    def __init__(self, model: str, reason: str, filter_name: str | None = None) -> None:
+    def __init__(self, model: str, reason: str) -> None:
         super().__init__(f"no replica for model {model!r}: {reason}")
         self.model = model
         self.reason = reason
-        # The filter that removed the last candidates ("saturation" means: queue, don't fail).
-        self.filter_name = filter_name
+
+
+class Saturated(NoReplicaError):
+    """A saturating filter removed the last candidates: wait for capacity rather than fail."""
 
 
 class PluginConfigError(RoutingError):
     """A profile names an unknown plugin, repeats one, or gives it bad parameters."""
+
+
+class Branch(StrEnum):
+    """Why a request went where it went: the label of metrics, traces and logs."""
+
+    # The picker followed request.affinity_replica, by its affinity_kind.
+    PROMPT_CACHE_HIT = "prompt_cache_hit"
+    SESSION = "session"
+    PREFIX_HOME = "prefix_home"
+    # A replica holding a prefix of the prompt (tier 2) won.
+    PREFIX_HIT = "prefix_hit"
+    # A cached replica existed but was over its load guard: placed by load.
+    LOAD_GUARD = "load_guard"
+    # Nothing cached anywhere: placed by load.
+    MISS_BY_LOAD = "miss_by_load"
+    MAX_SCORE = "max_score"
+    MAX_SCORE_TIE = "max_score_tie"
+    ROUND_ROBIN = "round_robin"
+    RANDOM = "random"
+    # Set by the gateway: the request waited in the admission queue, then was routed.
+    QUEUED = "queued"
+    # Set by the gateway: the request was refused before any replica was chosen.
+    NONE = "none"
+
+
+# A cache tier that may name an affinity replica; a profile's `affinity` orders them.
+Tier = Literal["prompt_cache", "session", "prefix_home"]
+TIERS: tuple[Tier, ...] = ("prompt_cache", "session", "prefix_home")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +100,8 @@ class RequestFeatures:
     model: str
     request_id: str = ""
     prompt_tokens: int = 0
+    # Admission-queue bucket of prompt_tokens, named from [admission].buckets ("le128", ...)
+    # by the gateway's cache-index lookup; "" until then.
     bucket: str = ""
     max_tokens: int | None = None
     stream: bool = False
@@ -82,11 +115,18 @@ class RequestFeatures:
     prefix_match: Mapping[str, int] = field(default_factory=dict)
     # Prompt tokens per block of block_hashes (the replicas' block size, or ~block_chars / 4).
     block_tokens: int = 16
+    # Each tier's candidate, as the cache index reports it: the replica that last served this
+    # prompt (tier 1), this session, and, when no replica holds any of the prompt, the
+    # replica its prefix was last sent to (a prefix vLLM evicted goes back there).
+    prompt_cache_replica: str | None = None
+    session_replica: str | None = None
+    prefix_home_replica: str | None = None
+    # The candidate of the profile's first tier that has one (the Router sets both before
+    # its plugins run); a request that arrives with affinity_replica set keeps it.
     affinity_replica: str | None = None
-    # Why affinity_replica is set: "prompt_cache" (tier-1 prompt hash), "session", or
-    # "prefix_home" (no cache holds the prompt; its prefix was last sent there).
-    affinity_kind: str | None = None
-    # Routing hints from the client (e.g. x-model-hint -> {"arch": "int4"}), matched to labels.
+    affinity_kind: Tier | None = None
+    # Replica labels the client asks for (`x-model-hint: arch=int4` -> {"arch": "int4"}; parsed
+    # by gateway/proxy/hints.py), matched against ReplicaSnapshot.labels by the label filter.
     hints: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -95,7 +135,7 @@ class Pick:
     """A picker's choice: index into the candidate list and a branch label."""
 
     index: int
-    branch: str
+    branch: Branch
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +143,7 @@ class Decision:
     """The router's answer: where to send the request, why, and every score."""
 
     replica: ReplicaSnapshot
-    branch: str
+    branch: Branch
     total: float
     # scorer name -> replica name -> unweighted score in [0, 1]
     scores: Mapping[str, Mapping[str, float]]
@@ -112,6 +152,10 @@ class Decision:
 
 class Filter(Protocol):
     """Removes replicas that must not serve the request."""
+
+    # A filter class may set `saturating = True`: it removes replicas only while they are
+    # full, so when it removes the last candidates the Router raises Saturated (the gateway
+    # queues the request) instead of NoReplicaError.
 
     def filter(
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]

@@ -151,11 +151,16 @@ class GatewayContender:
 
 
 def same_as_default(profile: str) -> bool:
-    """Whether a built-in profile runs exactly the default's filters, scorers and picker."""
+    """Whether a built-in profile runs exactly the default's tiers, filters, scorers, picker."""
     from routing.profile import BUILTIN_PROFILES
 
     a, b = BUILTIN_PROFILES[profile], BUILTIN_PROFILES["default"]
-    return (a.filters, a.scorers, a.picker) == (b.filters, b.scorers, b.picker)
+    return (a.affinity, a.filters, a.scorers, a.picker) == (
+        b.affinity,
+        b.filters,
+        b.scorers,
+        b.picker,
+    )
 
 
 def gateway_contenders(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,12 @@ from benchmarks.routing_bench.aggregate import fold_seeds
 from benchmarks.routing_bench.contenders import Contender, ContenderUnavailable
 from benchmarks.routing_bench.fleet import RunningFleet, SimParams, start_sim, start_vllm_cpu
 from benchmarks.routing_bench.gateway_contender import GatewayMode, gateway_contenders
-from benchmarks.routing_bench.plots import plot_workloads
-from benchmarks.routing_bench.report import write_report
+from benchmarks.routing_bench.plots import iter_plots
+from benchmarks.routing_bench.report import render_markdown, write_report
 from benchmarks.routing_bench.runner import Plan, RunError, run_one
 from benchmarks.routing_bench.workloads import make_workload
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +185,35 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     folded = fold_seeds(rows)
-    plots = plot_workloads(folded, cfg.out, simulated=cfg.fleet == "sim")
-    write_report(cfg.out, meta, folded, [p.name for p in plots], seed_rows=rows)
+    write_outputs(cfg.out, meta, folded, rows, simulated=cfg.fleet == "sim")
     return folded
+
+
+def write_outputs(
+    out: Path,
+    meta: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    seed_rows: Sequence[Mapping[str, Any]],
+    simulated: bool,
+) -> list[Path]:
+    """results.json and report.md, then the plots; return the plots that were written."""
+    # The rows took the whole run to measure: they reach the disk before matplotlib runs, so a
+    # plotting failure (a missing backend, a bad value) costs the figures and nothing else.
+    write_report(out, meta, rows, [], seed_rows=seed_rows)
+    plots: list[Path] = []
+    try:
+        for path in iter_plots(rows, out, simulated):
+            plots.append(path)
+    except Exception:
+        log.exception(
+            "plotting failed after %d plot(s); results.json and report.md are in %s",
+            len(plots),
+            out,
+        )
+    if plots:
+        md = render_markdown(meta, rows, [p.name for p in plots], seed_rows)
+        (out / "report.md").write_text(md)
+    return plots
 
 
 def _seeds(cfg: SuiteConfig, workload: str) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import orjson
@@ -32,16 +33,15 @@ def request_id(metadata: Metadata, key: str = "x-request-id") -> str:
 
 
 def read_hints(metadata: Metadata) -> Hints:
-    """Hints from metadata; a malformed priority is refused."""
+    """Hints from metadata; a malformed priority or model hint is refused."""
     values: dict[str, str] = {}
     headers: list[tuple[bytes, bytes]] = []
     for key, value in metadata:
         if not isinstance(value, str) or not _passed_on(key):
             continue
-        values.setdefault(key, value)
+        hints.collect(values, key, value)
         headers.append((key.encode("latin-1"), value.encode("latin-1", "replace")))
-    tenant, priority = hints.parse(values, "metadata")
-    return Hints(tenant=tenant, priority=priority, headers=tuple(headers))
+    return replace(hints.parse(values, "metadata"), headers=tuple(headers))
 
 
 def _float(value: float) -> float:

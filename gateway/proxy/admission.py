@@ -10,9 +10,7 @@ from collections.abc import Callable
 from cache_index.admission_queue import AdmissionQueue, QueueFull
 from gateway.config import AdmissionConfig
 from gateway.errors import GatewayError
-from routing.types import Decision, NoReplicaError, RequestFeatures
-
-SATURATION = "saturation"
+from routing.types import Decision, RequestFeatures, Saturated
 
 
 class RateLimited(GatewayError):
@@ -69,9 +67,8 @@ class Admission:
         if not self.waiting(model):
             try:
                 return route(), False
-            except NoReplicaError as exc:
-                if exc.filter_name != SATURATION:
-                    raise
+            except Saturated:
+                pass  # wait below; any other NoReplicaError is the caller's to answer
         item = features.request_id or f"req-{id(features)}"
         since = time.monotonic()
         deadline = since + self.queue.max_wait_s
@@ -79,7 +76,8 @@ class Admission:
         while True:
             now = time.monotonic()
             try:
-                self.queue.push(item, model, features.prompt_tokens, now, since=since)
+                # Named by Affinity from the same [admission].buckets as this queue's.
+                self.queue.push(item, model, features.bucket, now, since=since)
             except QueueFull as full:
                 self.rejected_full += 1
                 raise RateLimited(
@@ -102,9 +100,7 @@ class Admission:
                 self.queue.remove(item)
             try:
                 decision = route()
-            except NoReplicaError as exc:
-                if exc.filter_name != SATURATION:
-                    raise
+            except Saturated:
                 continue
             self.admitted_after_wait += 1
             self.notify()  # the next in line may fit too

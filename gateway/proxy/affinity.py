@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from cache_index.admission_queue import bucket_of
 from cache_index.hashing import block_hashes, char_block_hashes, prompt_hash
 from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
-from gateway.config import CacheIndexConfig
-from gateway.proxy.requests import ParsedRequest, length_bucket
+from gateway.config import AdmissionConfig, CacheIndexConfig
+from gateway.proxy.requests import ParsedRequest
 from routing.types import RequestFeatures
 from vllm_api.chat_template import ChatTemplate, load_chat_template
 from vllm_api.tokenizer import Tokenizer, load_tokenizer
@@ -29,9 +30,16 @@ _THREAD_ABOVE_TOKENS = 4096
 class Affinity:
     """Tier 1 (prompt hash, session) and tier 2 (prefix blocks) for one gateway process."""
 
-    def __init__(self, cfg: CacheIndexConfig, is_lora: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        cfg: CacheIndexConfig,
+        is_lora: Callable[[str], bool],
+        buckets: Sequence[int] | None = None,
+    ) -> None:
+        """`buckets`: the admission queue's token limits ([admission].buckets; None: default)."""
         self.cfg = cfg
         self._is_lora = is_lora
+        self.buckets = tuple(AdmissionConfig().buckets if buckets is None else buckets)
         path = cfg.tokenizer if cfg.tokenizer not in ("", "builtin") else None
         self.tokenizer: Tokenizer | None = load_tokenizer(path) if cfg.tokenizer else None
         self.template: ChatTemplate = load_chat_template(path)
@@ -96,31 +104,29 @@ class Affinity:
     ) -> RequestFeatures:
         """What each tier knows about this request (on the event loop: the tiers aren't shared)."""
         if digest is None:
-            return req.features
+            return replace(req.features, bucket=bucket_of(self.buckets, req.features.prompt_tokens))
         tokens, p_hash, hashes = digest
         now = time.monotonic()
         header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
         session = session_key(header, req.data.get("user"))
-        affinity, kind = self.prompts.get(p_hash, now), "prompt_cache"
-        if affinity is None and session is not None:
-            affinity, kind = self.sessions.get(session, now), "session"
         match = self.prefixes.match(hashes) if hashes else {}
-        if affinity is None and not match and hashes:
-            # No cache holds any of it: if vLLM evicted it, send it back where it lived.
+        # Every tier answers; the routing profile decides which one the request follows.
+        home = None
+        if not match and hashes:
+            # No cache holds any of it: if vLLM evicted it, it may go back where it lived.
             home = self.homes.lookup(hashes)
-            if home is not None:
-                affinity, kind = home[0], "prefix_home"
         return replace(
             req.features,
             prompt_tokens=tokens,
-            bucket=length_bucket(tokens),
+            bucket=bucket_of(self.buckets, tokens),
             prompt_hash=p_hash,
             block_hashes=hashes,
             session=session,
             prefix_match=match,
             block_tokens=self.block_tokens,
-            affinity_replica=affinity,
-            affinity_kind=kind if affinity is not None else None,
+            prompt_cache_replica=self.prompts.get(p_hash, now),
+            session_replica=self.sessions.get(session, now) if session is not None else None,
+            prefix_home_replica=home[0] if home is not None else None,
         )
 
     def features(self, req: ParsedRequest, headers: list[tuple[bytes, bytes]]) -> RequestFeatures:

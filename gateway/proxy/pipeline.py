@@ -7,8 +7,6 @@ import logging
 import time
 from dataclasses import replace
 
-import aiohttp
-
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -21,18 +19,16 @@ from gateway.proxy.admission import Admission, RateLimited
 from gateway.proxy.affinity import Affinity
 from gateway.proxy.headers import upstream_request_headers
 from gateway.proxy.requests import ParsedRequest
-from gateway.proxy.upstream import Exchange
+from gateway.proxy.upstream import Exchange, Upstream, UpstreamResponse
 from gateway.replicas.pool import Lease, ReplicaPool
 from routing.router import Router
-from routing.types import Decision, NoReplicaError, RequestFeatures
+from routing.types import Branch, Decision, NoReplicaError, RequestFeatures
 from telemetry.metrics import GatewayMetrics
 from telemetry.tracing import RequestTrace, Tracing, end_attempt, inject_headers
 
 log = logging.getLogger("llm_gateway.pipeline")
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# Branch label of a request that waited in the admission queue before being routed.
-QUEUED = "queued"
 # An error body from a failing replica is read only to be logged, and only this much of it.
 _ERROR_BODY_LOG_LIMIT = 512
 
@@ -54,7 +50,7 @@ class Pipeline:
         config: GatewayConfig,
         pool: ReplicaPool,
         router: Router,
-        session: aiohttp.ClientSession,
+        upstream: Upstream,
         metrics: GatewayMetrics,
         affinity: Affinity,
         admission: Admission | None,
@@ -67,7 +63,8 @@ class Pipeline:
         self._passive_threshold = config.health_check.passive_failure_threshold
         self._pool = pool
         self._router = router
-        self._session = session
+        self._upstream = upstream
+        self._transport_errors = upstream.transport_errors
         self._metrics = metrics
 
     def check_model(self, model: str) -> None:
@@ -91,7 +88,7 @@ class Pipeline:
         except GatewayError as err:
             # Refused requests count too; an unknown model name must not mint a label.
             model = req.model if req.model in self._pool.known_models() else "_unknown"
-            branch = QUEUED if isinstance(err, RateLimited) else "none"
+            branch = Branch.QUEUED if isinstance(err, RateLimited) else Branch.NONE
             self._metrics.request_done(model, "", err.status, branch, time.perf_counter() - started)
             if rtrace is not None:
                 rtrace.end(err.status)
@@ -182,7 +179,7 @@ class Pipeline:
         decision, waited = await self._admission.admit(
             features, lambda: router.route(features, pool.snapshots())
         )
-        return replace(decision, branch=QUEUED) if waited else decision
+        return replace(decision, branch=Branch.QUEUED) if waited else decision
 
     def _release(self, lease: Lease, ok: bool) -> None:
         lease.release(ok, self._passive_threshold)
@@ -199,10 +196,10 @@ class Pipeline:
     ) -> Exchange:
         url = decision.replica.url + _PATHS[req.kind]
         budget = self._cfg.first_byte_timeout_s if req.stream else self._cfg.non_stream_timeout_s
-        resp: aiohttp.ClientResponse | None = None
+        resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(budget):
-                resp = await self._session.post(url, data=req.body, headers=headers)
+                resp = await self._upstream.post(url, req.body, headers)
                 if resp.status >= 500:
                     detail = (await resp.content.read(_ERROR_BODY_LOG_LIMIT)).decode(
                         "utf-8", "replace"
@@ -232,7 +229,7 @@ class Pipeline:
             raise _Retryable(
                 "timeout", UpstreamTimeout("The model server did not answer in time.")
             ) from None
-        except (aiohttp.ClientError, ConnectionError) as exc:
+        except self._transport_errors as exc:
             if resp is not None:
                 resp.close()
             raise _Retryable(
@@ -252,6 +249,7 @@ class Pipeline:
             streaming=streaming,
             idle_timeout_s=self._cfg.idle_timeout_s,
             started=started,
+            transport_errors=self._transport_errors,
             complete=not streaming,
         )
         if streaming:

@@ -12,17 +12,6 @@ from routing.types import RequestFeatures
 
 Kind = Literal["chat", "completions"]
 
-# Token-length buckets of the admission queue (<=128, 129-512, >512).
-_BUCKETS = ((128, "short"), (512, "medium"))
-
-
-def length_bucket(tokens: int) -> str:
-    """The admission bucket a prompt of `tokens` tokens falls into."""
-    for limit, name in _BUCKETS:
-        if tokens <= limit:
-            return name
-    return "long"
-
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
@@ -93,7 +82,6 @@ def parse_request(
         model=model,
         request_id=request_id,
         prompt_tokens=prompt_tokens,
-        bucket=length_bucket(prompt_tokens),
         max_tokens=max_tokens,
         stream=stream,
         session=session or (user if isinstance(user, str) else None),

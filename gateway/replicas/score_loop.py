@@ -17,6 +17,14 @@ from vllm_api.metrics import VllmMetrics, parse_vllm_metrics, quantile_from_delt
 log = logging.getLogger("llm_gateway.score_loop")
 
 
+def restarted(old: VllmMetrics, new: VllmMetrics) -> bool:
+    """Whether a cumulative counter went backwards between two scrapes: a new vLLM process."""
+    pairs = [(old.requests_ok, new.requests_ok), (old.requests_failed, new.requests_failed)]
+    if old.prefix_queries is not None and new.prefix_queries is not None:
+        pairs.append((old.prefix_queries, new.prefix_queries))
+    return any(now < before for before, now in pairs)
+
+
 class ScoreLoop:
     """One task per replica; each scrape updates that replica's ReplicaState in place."""
 
@@ -26,7 +34,10 @@ class ScoreLoop:
         session: aiohttp.ClientSession,
         on_capacity: Callable[[str, int], None],
         on_scrape: Callable[[], None] = lambda: None,
+        on_restart: Callable[[str], None] = lambda _name: None,
     ) -> None:
+        # Told of a replica that restarted: its KV cache is gone, whatever the tiers remember.
+        self._on_restart = on_restart
         # Each fresh view of a replica may show room for a request the admission queue holds.
         self._on_scrape = on_scrape
         self._cfg = cfg
@@ -57,6 +68,16 @@ class ScoreLoop:
 
     def _apply(self, replica: ReplicaState, m: VllmMetrics, now: float) -> None:
         old = replica.metrics
+        # Failed scrapes keep the last good one, so a restart behind a down period shows too.
+        if old is not None and restarted(old, m):
+            log.info(
+                "replica %s restarted (its counters went back): forgetting what it cached",
+                replica.name,
+            )
+            # Latency windows must not span two processes (their deltas would go negative).
+            self._history.pop(replica.name, None)
+            self._on_restart(replica.name)
+            old = None  # and its cache size is told again, to the emptied index
         if m.num_gpu_blocks and (old is None or old.num_gpu_blocks != m.num_gpu_blocks):
             self._on_capacity(replica.name, m.num_gpu_blocks)
         replica.metrics = m

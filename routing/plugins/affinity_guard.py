@@ -1,33 +1,24 @@
 """Picker: stick to a replica that has the request's cache, until its load is out of line.
 
 The rule, in order (load = routing.scoring.load: in-flight, or running + waiting if larger;
-a replica passes the guard when load <= guard_ratio * mean candidate load + guard_slack):
-1. request.affinity_replica (tier 1: the replica that served this prompt or session; or,
-   when no cache holds any of the prompt, the replica its prefix was last sent to) is a
-   candidate and passes the guard: pick it. Branch "session", "prefix_home" or
-   "prompt_cache_hit" after affinity_kind.
+a replica passes the guard when load <= guard_ratio * mean candidate load + guard_slack,
+the slack letting an idle fleet, whose mean is 0, take requests at all):
+1. request.affinity_replica (the first of the profile's affinity tiers with a candidate: the
+   replica that served this prompt, or this session, or, when no cache holds any of the
+   prompt, the replica its prefix was last sent to) is a candidate and passes the guard:
+   pick it. Branch "prompt_cache_hit", "session" or "prefix_home" after affinity_kind.
 2. Holders: candidates with request.prefix_match >= min_match_blocks (tier 2), by longest
    match, least load, highest total, then at random; the first within its guard wins:
    "prefix_hit". A match filling a share s < full_allowance_share of the holder's KV cache
    earns s / full_allowance_share of the allowance above the least load: a short prefix is
-   cheap to copy, so its holders must not draw every request while others idle.
+   cheap to copy, so its holders must not draw every request while others idle. With no
+   full_allowance_share, or a holder whose cache size is unknown, it earns all of it.
 3. An affinity replica or a holder exists but all fail the guard: "load_guard".
 4. No affinity and no holder (a cache miss): "miss_by_load".
 In 3 and 4 the highest weighted total among the replicas within their guard wins (the least
 loaded always is); ties are broken at random, so misses spread instead of piling onto one
 "emptiest" replica. As the guard compares against the mean, a burst of identical requests
 between two scrapes sticks to the cached replica only until its in-flight count runs ahead.
-
-Params:
-    guard_ratio (float, default 1.5): load allowed relative to the mean candidate load.
-    guard_slack (float, default 2): extra requests allowed above guard_ratio * mean (an
-        idle fleet's mean is 0).
-    min_match_blocks (int, default 1): matched prefix blocks that make a replica a holder.
-    prefix_holders (bool, default True): follow tier 2 (step 2, and prefix homes in step 1);
-        False keeps only prompt-cache and session affinity, as a pure session policy does.
-    full_allowance_share (float | None, default None): see 2; None (or an unknown
-        cache_capacity_tokens) gives every holder the whole allowance.
-    seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
 """
 
 from __future__ import annotations
@@ -37,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import affinity_branch, load
-from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+from routing.scoring import affinity_branch, choose, load, near_best
+from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 _TIE_EPSILON = 1e-9
 
@@ -50,7 +41,7 @@ class Params:
     guard_ratio: float = param(1.5, "load allowed relative to the mean candidate load")
     guard_slack: float = param(2.0, "requests allowed above guard_ratio x mean load")
     min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
-    prefix_holders: bool = param(True, "follow prefix holders and homes (tier 2)")
+    prefix_holders: bool = param(True, "follow prefix holders (tier 2, step 2)")
     full_allowance_share: float | None = param(None, "KV share a match fills for the whole guard")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
@@ -84,8 +75,6 @@ class AffinityGuard:
         limit = p.guard_ratio * sum(loads) / len(loads) + p.guard_slack
         guarded = False
         target = request.affinity_replica
-        if not p.prefix_holders and request.affinity_kind == "prefix_home":
-            target = None
         if target is not None:
             i = next((i for i, r in enumerate(replicas) if r.name == target), -1)
             if i >= 0 and loads[i] <= limit:
@@ -105,15 +94,13 @@ class AffinityGuard:
                 w = min(1.0, -neg_m * request.block_tokens / (full * cap)) if full and cap else 1.0
                 limits[i] = least + w * (limit - least)
                 if lo <= limits[i]:
-                    return Pick(i, "prefix_hit")
+                    return Pick(i, Branch.PREFIX_HIT)
             guarded = guarded or bool(holders)
         # A holder over its own guard is left out too, or its prefix score could win it back.
         # Never empty in exact arithmetic (the least loaded is within every guard).
         passing = [i for i, lo in enumerate(loads) if lo <= limits[i]] or list(range(len(loads)))
-        floor = max(totals[i] for i in passing) - _TIE_EPSILON
-        best = [i for i in passing if totals[i] >= floor]
-        index = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
-        return Pick(index, "load_guard" if guarded else "miss_by_load")
+        index = choose(self._rng, near_best(totals, _TIE_EPSILON, passing))
+        return Pick(index, Branch.LOAD_GUARD if guarded else Branch.MISS_BY_LOAD)
 
 
 FACTORY = PluginFactory(__name__, __doc__, "picker", Params, AffinityGuard)

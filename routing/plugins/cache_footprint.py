@@ -16,11 +16,8 @@ their hits. Replicas without an index score neutral (the candidates' mean).
 Not in the built-in profiles: a full cache is not a busy one, so after a workload shift a
 replica whose cache is full of stale blocks gets no new prefixes until the others fill up
 (measured in benchmarks/results/2026-11-29c-routing-sim/analysis.md). Use it where new
-prefixes arrive in bursts onto an otherwise idle fleet.
-
-Params:
-    unit_blocks (float, default 64): the footprint difference worth one unit of score
-        (routing.scoring.relative); smaller differences barely count.
+prefixes arrive in bursts onto an otherwise idle fleet. Footprints are normalised over the
+candidates (routing.scoring.relative): differences well below unit_blocks barely count.
 """
 
 from __future__ import annotations

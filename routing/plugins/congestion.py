@@ -9,11 +9,8 @@ heavy_occupancy), where the document admits no new requests: score 0. The light 
 tiers' concurrency limits belong to admission control, not to a scorer. A replica missing
 either input gets the neutral score (routing.scoring.settle).
 
-Params:
-    max_backlog (float, default 128): backlog that counts as fully congested (the document's
-        heavy bound; it gives no max_backlog of its own).
-    backlog_weight (0.6), idle_weight (0.4): the document's weights.
-    heavy_backlog (128), heavy_occupancy (0.4): the heavy tier's bounds.
+The parameters default to the document's figures; it gives no max_backlog of its own, so that
+defaults to its heavy tier's backlog bound.
 """
 
 from __future__ import annotations

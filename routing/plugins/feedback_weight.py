@@ -1,16 +1,13 @@
 """Scorer: the seed document's feedback weights from latency and errors (000 §2.2).
 
-    latency < fast_s and error < low_error    -> 1.0   (the document: P95 < 0.2 s, < 0.5%)
-    latency <= slow_s and error < high_error  -> 0.75  (0.2-0.8 s, < 2%)
-    otherwise                                 -> 0.2   (> 0.8 s or > 2%)
+    latency < fast_s and error < low_error    -> good  (the document: P95 < 0.2 s, < 0.5%: 1.0)
+    latency <= slow_s and error < high_error  -> fair  (0.2-0.8 s, < 2%: 0.75)
+    otherwise                                 -> poor  (> 0.8 s or > 2%: 0.2)
 Latency is ttft_p99_s (snapshots carry no P95, so this is the stricter reading); the sliding
 window (5 min in the document) is the window the gateway computes its percentiles and error
 rate over. A replica is judged on what is known: a missing latency or error rate passes that
 condition; if both are unknown it gets the neutral score (routing.scoring.settle).
-
-Params:
-    fast_s (0.2), slow_s (0.8), low_error (0.005), high_error (0.02): tier bounds.
-    good (1.0), fair (0.75), poor (0.2): tier scores.
+The parameters default to the document's figures.
 """
 
 from __future__ import annotations

@@ -8,9 +8,7 @@
     score = qps_weight*qps_n + mem_weight*mem_n + lat_weight*lat_n
 As written lat_n exceeds 1 below ~9 ms; it is capped at 1 so the fused score stays in [0, 1].
 A replica missing memory or latency gets the neutral score (routing.scoring.settle).
-
-Params:
-    qps_weight (0.4), mem_weight (0.35), lat_weight (0.25): the document's weights.
+The weights default to the document's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Filter: drop replicas marked unhealthy by health checks or outlier detection.
 
-Params:
-    panic_threshold (float, default 0.0): when the healthy fraction of the candidates falls
-        below this, keep every candidate (Envoy's panic mode); 0.0 never panics, so an
-        all-unhealthy fleet yields no candidate and the gateway answers 503.
+When the healthy fraction of the candidates falls below panic_threshold, every candidate is
+kept (Envoy's panic mode). At 0 it never panics, so an all-unhealthy fleet yields no
+candidate and the gateway answers 503.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 A replica with no KV reading yet gets the neutral score and a stale reading leans toward it
 (routing.scoring.settle), so an unscraped replica is neither favoured nor shunned.
-
-Params: none.
 """
 
 from __future__ import annotations

@@ -2,16 +2,11 @@
 
 Labels describe an instance class (e.g. precision "fp16" / "int4", or an architecture).
 A configured `key` = `value` is a hard constraint: replicas without it are dropped. Request
-hints (RequestFeatures.hints, e.g. from an x-model-hint header) keep only replicas whose
-labels match every hint; a request with no hints passes through. A hint that no candidate
-matches is a preference, not a constraint, unless `hints_required`: then the set empties
-and the router reports that no replica fits.
-
-Params:
-    key (str, default ""): label that every replica must carry ("" = no fixed constraint).
-    value (str, default ""): the value `key` must have.
-    use_hints (bool, default True): match request hints against labels.
-    hints_required (bool, default False): drop every replica when no candidate matches.
+hints (RequestFeatures.hints: the client's `x-model-hint: precision=int4, arch=h100` header
+or gRPC metadata, see gateway/proxy/hints.py) keep only replicas whose labels match every
+hint; a request with no hints passes through. A hint that no candidate matches is a
+preference, not a constraint, unless `hints_required`: then the set empties and the router
+reports that no replica fits.
 """
 
 from __future__ import annotations

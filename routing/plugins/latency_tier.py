@@ -1,15 +1,11 @@
 """Scorer: the seed document's long-tail suppression by P99 tier (000 §3.1).
 
-    green  p99 < green_s (80 ms)          -> 1.0
-    yellow green_s <= p99 <= red_s (200 ms) -> 0.4 + 0.6 * (red_s - p99) / (red_s - green_s)
-    red    p99 > red_s                    -> red_score (0.1)
+    green  p99 < green_s            -> 1.0
+    yellow green_s <= p99 <= red_s  -> 0.4 + 0.6 * (red_s - p99) / (red_s - green_s)
+    red    p99 > red_s              -> red_score
 With this scorer weighted above the others, max_score sends new requests away from a red
 replica whenever a green or yellow one exists (yellow never drops below 0.4), which is the
 document's redirect. A replica with no P99 yet gets the neutral score (routing.scoring.settle).
-
-Params:
-    latency (str, default "ttft_p99_s"): which P99 to read, "ttft_p99_s" or "itl_p99_s".
-    green_s (0.08), red_s (0.2): tier bounds in seconds. red_score (0.1): the red tier's score.
 """
 
 from __future__ import annotations
@@ -29,8 +25,8 @@ class Params:
     """Parameters of the latency_tier scorer."""
 
     latency: str = param("ttft_p99_s", "P99 to read: ttft_p99_s or itl_p99_s")
-    green_s: float = param(0.08, "P99 below this is green (score 1)")
-    red_s: float = param(0.2, "P99 above this is red")
+    green_s: float = param(0.08, "P99 in seconds below which a replica is green (score 1)")
+    red_s: float = param(0.2, "P99 in seconds above which a replica is red")
     red_score: float = param(0.1, "score of a red replica")
 
     def __post_init__(self) -> None:

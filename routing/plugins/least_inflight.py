@@ -3,8 +3,6 @@
 score = 1 - (in_flight - min) / (max - min + 1), over the candidates: the least loaded
 scores 1, every extra request costs 1 / (spread + 1), equal loads all score 1. The
 gateway's own in-flight count is exact and never lags a burst, unlike scraped metrics.
-
-Params: none.
 """
 
 from __future__ import annotations

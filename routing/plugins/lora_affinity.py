@@ -5,11 +5,6 @@ an adapter load (and an eviction) elsewhere, unless every one of them is saturat
 in-flight count exceeds the least loaded other candidate's by more than `inflight_margin`.
 Then every candidate stays, and the load scorers decide. No candidate with the adapter
 loaded (a base model, or an adapter nobody has loaded yet), or no other candidate: all kept.
-
-Params:
-    inflight_margin (int, default 4): extra in-flight requests a replica holding the
-        adapter may carry over the least loaded replica without it before it counts as
-        saturated.
 """
 
 from __future__ import annotations

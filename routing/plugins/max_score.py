@@ -2,11 +2,8 @@
 
 A random tie-break (not "first wins") keeps equally good replicas evenly used, e.g. an idle
 fleet under least_inflight. Branch "max_score" for a unique best, "max_score_tie" otherwise.
-
-Params:
-    seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
-    tie_epsilon (float, default 1e-9): totals within this of the best count as tied, so float
-        rounding in the weighted sum does not break ties arbitrarily.
+Totals within tie_epsilon of the best count as tied, so float rounding in the weighted sum
+does not break ties arbitrarily.
 """
 
 from __future__ import annotations
@@ -16,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+from routing.scoring import choose, near_best
+from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,11 +44,10 @@ class MaxScore:
         replicas: Sequence[ReplicaSnapshot],
         totals: Sequence[float],
     ) -> Pick:
-        floor = max(totals) - self._eps
-        best = [i for i, t in enumerate(totals) if t >= floor]
+        best = near_best(totals, self._eps)
         if len(best) == 1:
-            return Pick(best[0], "max_score")
-        return Pick(best[self._rng.randrange(len(best))], "max_score_tie")
+            return Pick(best[0], Branch.MAX_SCORE)
+        return Pick(choose(self._rng, best), Branch.MAX_SCORE_TIE)
 
 
 FACTORY = PluginFactory(__name__, __doc__, "picker", Params, MaxScore)

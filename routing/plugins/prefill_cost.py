@@ -10,18 +10,14 @@ prefix usually still beats an idle replica that must prefill it again. The cost 
             + decode_weight * load(r)            each running request slows r's steps
 
 hit(r) is the share of the prompt r holds (tier 2 matched blocks x block_tokens; tier 1 or a
-session pointing at r counts as `affinity_hit`). The cheapest replica wins; ties (an idle,
+session pointing at r counts as `affinity_hit` when the prefix index knows less, since the
+same prompt or conversation was served there). The cheapest replica wins; ties (an idle,
 cold fleet) are broken at random, so misses spread instead of piling onto one replica.
 Saturated replicas are the saturation filter's business, not this picker's.
 
-Branches: "prompt_cache_hit" / "session" (the affinity replica won), "prefix_hit" (a holder
-won), "load_guard" (a holder existed but another replica was cheaper), "miss_by_load".
-
-Params:
-    decode_weight (float, default 8): prefill tokens one running request is worth.
-    affinity_hit (float, default 1.0): hit share assumed for the tier-1 / session replica when
-        the prefix index knows less (1.0: the same prompt or conversation was served there).
-    seed (int | None, default None): seed of the tie-break generator; None seeds from the OS.
+Branches: "prompt_cache_hit" / "session" / "prefix_home" (the affinity replica won, by its
+tier), "prefix_hit" (a holder won), "load_guard" (a holder existed but another replica was
+cheaper), "miss_by_load".
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import affinity_branch, load
-from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+from routing.scoring import affinity_branch, choose, load, near_best
+from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 # Costs within this many tokens are a tie.
 _TIE_TOKENS = 1.0
@@ -82,18 +78,17 @@ class PrefillCost:
         p = self._p
         prompt = request.prompt_tokens
         hits = [hit_share(request, r.name, p.affinity_hit) for r in replicas]
-        costs = [
-            (1.0 - h) * prompt + r.queued_prefill_tokens + p.decode_weight * load(r)
+        # Negated, so the cheapest is the highest (negation is exact: the same ties).
+        neg_costs = [
+            -((1.0 - h) * prompt + r.queued_prefill_tokens + p.decode_weight * load(r))
             for r, h in zip(replicas, hits, strict=True)
         ]
-        floor = min(costs) + _TIE_TOKENS
-        best = [i for i, c in enumerate(costs) if c <= floor]
-        i = best[0] if len(best) == 1 else best[self._rng.randrange(len(best))]
+        i = choose(self._rng, near_best(neg_costs, _TIE_TOKENS))
         if hits[i] > 0.0:
             if replicas[i].name == request.affinity_replica:
                 return Pick(i, affinity_branch(request))
-            return Pick(i, "prefix_hit")
-        return Pick(i, "load_guard" if any(hits) else "miss_by_load")
+            return Pick(i, Branch.PREFIX_HIT)
+        return Pick(i, Branch.LOAD_GUARD if any(hits) else Branch.MISS_BY_LOAD)
 
 
 FACTORY = PluginFactory(__name__, __doc__, "picker", Params, PrefillCost)

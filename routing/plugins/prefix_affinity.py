@@ -6,8 +6,6 @@ else approximate from routing history) and the total is len(request.block_hashes
 with no full block, or a replica the index knows nothing about, scores 0. This scorer knows
 nothing about load: pair it with load scorers, and use the affinity_guard picker so a hot
 prefix does not pile onto one replica.
-
-Params: none.
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ With running unknown the queue is `waiting`; with waiting unknown it is the in-f
 excess; with both unknown the replica gets the neutral score (routing.scoring.settle).
 Normalised over the candidates (routing.scoring.relative): the shortest queue scores 1,
 each extra queued request costs 1 / (spread + 1).
-
-Params: none.
 """
 
 from __future__ import annotations

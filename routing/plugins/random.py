@@ -1,8 +1,6 @@
 """Picker: choose a candidate uniformly at random, ignoring scores.
 
-Params:
-    seed (int | None, default None): seed of this picker's own generator; None seeds from
-        the OS (set it for reproducible benchmarks and tests).
+Each picker has its own generator: set `seed` for reproducible benchmarks and tests.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +34,7 @@ class RandomPick:
         replicas: Sequence[ReplicaSnapshot],
         totals: Sequence[float],
     ) -> Pick:
-        return Pick(self._rng.randrange(len(replicas)), "random")
+        return Pick(self._rng.randrange(len(replicas)), Branch.RANDOM)
 
 
 FACTORY = PluginFactory(__name__, __doc__, "picker", Params, RandomPick)

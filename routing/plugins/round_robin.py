@@ -2,8 +2,6 @@
 
 One counter per Router, taken modulo the current candidate count: a changing candidate set
 still gets an even share, with no per-replica bookkeeping.
-
-Params: none.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory
-from routing.types import Pick, ReplicaSnapshot, RequestFeatures
+from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +35,7 @@ class RoundRobin:
     ) -> Pick:
         index = self._next % len(replicas)
         self._next = index + 1
-        return Pick(index, "round_robin")
+        return Pick(index, Branch.ROUND_ROBIN)
 
 
 FACTORY = PluginFactory(__name__, __doc__, "picker", Params, RoundRobin)

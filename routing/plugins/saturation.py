@@ -2,20 +2,18 @@
 
 A replica is kept only while it is below every configured limit (None = no limit); an
 unknown scraped value (never scraped, or stale beyond trust) does not count against it.
-If every candidate is saturated the router raises NoReplicaError, which the gateway turns
+If every candidate is saturated the router raises Saturated, which the gateway turns
 into "queue the request" (the tier-3 admission queue) rather than overloading a replica.
-
-Params:
-    max_running (float | None, default None): vllm:num_requests_running limit.
-    max_waiting (float | None, default 16): vllm:num_requests_waiting limit.
-    max_kv_usage (float | None, default 0.95): vllm:kv_cache_usage_perc limit (0..1).
-    max_in_flight (int | None, default None): limit on this gateway's in-flight requests.
+The limits are on vllm:num_requests_running (max_running), vllm:num_requests_waiting
+(max_waiting), vllm:kv_cache_usage_perc, 0..1 (max_kv_usage), and this gateway's own
+in-flight requests (max_in_flight).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from routing.plugin import PluginFactory, param
 from routing.types import ReplicaSnapshot, RequestFeatures
@@ -45,6 +43,8 @@ class Saturation:
     """Keeps replicas below every configured limit."""
 
     __slots__ = ("_p",)
+    # Full replicas free up as requests finish: an empty result means wait, not fail.
+    saturating: ClassVar[bool] = True
 
     def __init__(self, params: Params) -> None:
         self._p = params

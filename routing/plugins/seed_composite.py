@@ -8,11 +8,7 @@ As written (lower is better):
 Mapped to score = 1 / (1 + cost): monotone, 1 at zero cost, and still ordered when the batch
 penalty is large (a clamp at cost 1 would tie every overloaded replica). A replica missing any
 input gets the neutral score (see routing.scoring.settle); stale inputs lean toward it.
-
-Params:
-    optimal_batch (float, default 32): the batch size a replica runs best at (not in the document).
-    kv_cap (float, default 0.8), kv_divisor (float, default 100): the kv term's cap and scale.
-    mem_weight (0.4), kv_weight (0.3), batch_weight (0.3): the document's term weights.
+The term weights default to the document's; optimal_batch is not in the document.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""Filter: keep replicas that serve the requested model (base model or LoRA adapter name).
-
-Params: none.
-"""
+"""Filter: keep replicas that serve the requested model (base model or LoRA adapter name)."""
 
 from __future__ import annotations
 

@@ -4,10 +4,8 @@ Reads ReplicaSnapshot.queued_prefill_tokens, which the gateway maintains from it
 requests (exact, no scrape lag). Prefill time grows with tokens, not requests, so one
 8k-token prompt weighs like many short ones. Normalised over the candidates
 (routing.scoring.relative): the lightest scores 1, and every `unit_tokens` above it costs
-1 / (spread + unit_tokens) of the score, so differences well below a unit barely count.
-
-Params:
-    unit_tokens (float, default 512): the token difference worth one "request" of load.
+1 / (spread + unit_tokens) of the score, so differences well below a unit barely count:
+unit_tokens is the token difference worth one request of load.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Scorer: prefer replicas with a larger configured weight (weight / max weight of candidates).
 
 If no candidate has a positive weight every score is 0 (all equal, so no preference).
-
-Params: none.
 """
 
 from __future__ import annotations

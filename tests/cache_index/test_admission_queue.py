@@ -7,10 +7,11 @@ from collections import Counter
 
 import pytest
 
-from cache_index.admission_queue import AdmissionQueue, QueueFull, bucket_names
+from cache_index.admission_queue import AdmissionQueue, QueueFull, bucket_names, bucket_of
 from cache_index.errors import CacheIndexError
 
-SHORT, MID, LONG = 50, 300, 2000
+# The default limits (128, 512): the buckets of a 50-, 300- and 2000-token prompt.
+SHORT, MID, LONG = "le128", "le512", "gt512"
 
 
 @pytest.mark.parametrize(
@@ -27,8 +28,20 @@ SHORT, MID, LONG = 50, 300, 2000
 )
 def test_bucket_of(limits: tuple[int, ...], tokens: int, expected: str) -> None:
     q = AdmissionQueue(buckets=limits)
-    assert q.bucket_of(tokens) == expected
+    assert bucket_of(limits, tokens) == expected
     assert q.names == bucket_names(limits)
+    assert q.push("t", "m", expected, now=0.0).bucket == expected
+    assert q.depth()[("m", expected)] == 1
+
+
+def test_the_bucket_is_taken_as_named_and_must_be_one_of_the_queues() -> None:
+    assert [bucket_of((128, 512), t) for t in (50, 300, 2000)] == [SHORT, MID, LONG]
+    q = AdmissionQueue(buckets=(64,))
+    with pytest.raises(CacheIndexError, match="unknown bucket 'le128'"):
+        q.push("a", "m", "le128", now=0.0)
+    with pytest.raises(CacheIndexError, match="unknown bucket ''"):
+        q.push("a", "m", "", now=0.0)
+    assert len(q) == 0
 
 
 @pytest.mark.parametrize(
@@ -75,7 +88,7 @@ def test_backlogged_long_bucket_gets_its_share(long_share: float, expected_long:
     q = AdmissionQueue(buckets=(128,), long_share=long_share, max_depth=200)
     for i in range(150):
         q.push(f"s{i}", "m", SHORT, now=0.0)
-        q.push(f"l{i}", "m", LONG, now=0.0)
+        q.push(f"l{i}", "m", "gt128", now=0.0)
     popped = [q.pop(now=1.0) for _ in range(100)]
     served = Counter(t.bucket for t in popped if t is not None)
     assert abs(served["gt128"] - expected_long) <= 1

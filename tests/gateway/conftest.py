@@ -1,11 +1,16 @@
-"""Fixtures: a simulated fleet on ephemeral ports and a gateway in front of it."""
+"""Fixtures: a simulated fleet on ephemeral ports and a gateway in front of it.
+
+The gateway runs in-process behind httpx's ASGI transport unless a test is about sockets
+(disconnects, drain, stream timing, gRPC, KV events): then uvicorn serves it on a port.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import httpx
 import pytest
@@ -17,7 +22,9 @@ from gateway.config import (
     ServerConfig,
     UpstreamConfig,
 )
+from gateway.http.app import GatewayApp
 from gateway.process import RunningGateway, running_gateway
+from gateway.runtime import Runtime
 from simulator import SimConfig, SimFleet
 
 MODEL = "sim-llama-3-8b"
@@ -67,7 +74,45 @@ async def client(gateway: RunningGateway) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
-def in_flight(gw: RunningGateway) -> dict[str, int]:
+@dataclass
+class InProcessGateway:
+    """A started runtime and a client calling its ASGI app directly: no gateway socket."""
+
+    runtime: Runtime
+    client: httpx.AsyncClient
+
+
+@contextlib.asynccontextmanager
+async def in_process(cfg: GatewayConfig) -> AsyncIterator[InProcessGateway]:
+    """The gateway of `cfg` without uvicorn; the hop to the replicas stays real.
+
+    httpx's ASGI transport buffers a response until the app is done: good for status, headers
+    and bodies, not for watching a stream arrive or for a client that leaves mid-request.
+    """
+    runtime = Runtime(cfg)
+    await runtime.start()
+    try:
+        transport = httpx.ASGITransport(app=GatewayApp(runtime))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://gateway", timeout=10.0
+        ) as c:
+            yield InProcessGateway(runtime, c)
+    finally:
+        await runtime.stop()
+
+
+@pytest.fixture
+async def asgi_gateway(fleet: SimFleet) -> AsyncIterator[InProcessGateway]:
+    async with in_process(gateway_config(fleet)) as gw:
+        yield gw
+
+
+@pytest.fixture
+def asgi_client(asgi_gateway: InProcessGateway) -> httpx.AsyncClient:
+    return asgi_gateway.client
+
+
+def in_flight(gw: RunningGateway | InProcessGateway) -> dict[str, int]:
     return {r.name: r.in_flight for r in gw.runtime.pool}
 
 

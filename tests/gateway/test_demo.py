@@ -59,3 +59,5 @@ def test_demo_serves_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # else an unclosed-pipe ResourceWarning fails the suite

@@ -204,7 +204,7 @@ def test_a_burst_between_two_scrapes_spreads_once_the_guard_trips() -> None:
     assert Counter(branches) == {"prefix_hit": 17, "load_guard": 23}
 
 
-def test_without_prefix_holders_only_tier_1_affinity_counts() -> None:
+def test_without_prefix_holders_only_the_affinity_replica_counts() -> None:
     reps = [replica("a"), replica("b", in_flight=1)]
     totals = [0.0, 1.0]
 
@@ -216,16 +216,31 @@ def test_without_prefix_holders_only_tier_1_affinity_counts() -> None:
     pure = {"prefix_holders": False}
     # "a" holds the whole prefix and is idle, yet the pick goes by the scores: a miss.
     assert pick(pure, prefix_match={"a": 4}) == ("b", "miss_by_load")
-    # A prefix home is tier 2 too; a session and a repeated prompt still stick.
-    assert pick(pure, affinity_replica="a", affinity_kind="prefix_home") == ("b", "miss_by_load")
+    # The affinity replica still sticks, whichever tier named it (the profile chose the tier).
     assert pick(pure, affinity_replica="a", affinity_kind="session") == ("a", "session")
     assert pick(pure, affinity_replica="a", affinity_kind="prompt_cache") == (
         "a",
         "prompt_cache_hit",
     )
+    assert pick(pure, affinity_replica="a", affinity_kind="prefix_home") == ("a", "prefix_home")
     # By default the picker follows holders and homes.
     assert pick({}, prefix_match={"a": 4}) == ("a", "prefix_hit")
     assert pick({}, affinity_replica="a", affinity_kind="prefix_home") == ("a", "prefix_home")
+
+
+def test_session_profile_ignores_prefix_homes_and_default_follows_them() -> None:
+    fleet = [replica("a", in_flight=1), replica("b")]
+    # A prefix home is tier 2 too: not in the session profile's affinity tiers.
+    home = RequestFeatures(model=MODEL, block_hashes=(1, 2, 3, 4), prefix_home_replica="a")
+    session = Router(BUILTIN_PROFILES["session"]).route(home, fleet)
+    assert (session.replica.name, session.branch) == ("b", "miss_by_load")
+    default = Router(BUILTIN_PROFILES["default"]).route(home, fleet)
+    assert (default.replica.name, default.branch) == ("a", "prefix_home")
+    # A session and a repeated prompt still stick in the session profile.
+    for tier, branch in (("session", "session"), ("prompt_cache", "prompt_cache_hit")):
+        request = dataclasses.replace(home, **{f"{tier}_replica": "a"})
+        decision = Router(BUILTIN_PROFILES["session"]).route(request, fleet)
+        assert (decision.replica.name, decision.branch) == ("a", branch)
 
 
 def test_session_profile_ignores_prefix_holders_and_default_follows_them() -> None:

@@ -41,7 +41,7 @@ def test_label_filter(params: dict[str, Any], hints: dict[str, str], expected: l
 
 def test_label_filter_that_matches_nothing_means_no_replica() -> None:
     filters = (PluginSpec("label", params={"key": "precision", "value": "bf16"}),)
-    router = Router(ProfileSpec("t", filters, (), PluginSpec("round_robin")))
+    router = Router(ProfileSpec(PluginSpec("round_robin"), filters, name="t"))
     with pytest.raises(NoReplicaError, match="filter 'label' removed every replica"):
         router.route(RequestFeatures(model=MODEL), FLEET)
 

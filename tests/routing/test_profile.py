@@ -47,10 +47,11 @@ def test_prefix_profile_plugins_and_weights() -> None:
 
 def test_default_is_the_prefix_profile() -> None:
     default, prefix = BUILTIN_PROFILES["default"], BUILTIN_PROFILES["prefix"]
-    assert (default.filters, default.scorers, default.picker) == (
+    assert (default.filters, default.scorers, default.picker, default.affinity) == (
         prefix.filters,
         prefix.scorers,
         prefix.picker,
+        prefix.affinity,
     )
 
 
@@ -63,59 +64,82 @@ def test_session_profile_balances_load_behind_the_guard() -> None:
         "token_load",
     ]
     assert session.picker.type == "affinity_guard"
-    # Sessions only: with prefix holders it would decide exactly as `default` does.
+    # Sessions only: with prefix holders or homes it would decide exactly as `default` does.
     assert session.picker.params["prefix_holders"] is False
     assert "prefix_holders" not in BUILTIN_PROFILES["default"].picker.params
+    assert session.affinity == ("prompt_cache", "session")
+
+
+def test_profiles_follow_every_tier_by_default_prompt_cache_first() -> None:
+    assert ProfileSpec(OK_PICKER).affinity == ("prompt_cache", "session", "prefix_home")
+    for key, profile in BUILTIN_PROFILES.items():
+        if key != "session":
+            assert profile.affinity == ProfileSpec(OK_PICKER).affinity, key
 
 
 @pytest.mark.parametrize(
     ("profile", "message"),
     [
         (
-            ProfileSpec("p", (PluginSpec("healty"),), OK_SCORERS, OK_PICKER),
+            ProfileSpec(OK_PICKER, (PluginSpec("healty"),), OK_SCORERS, name="p"),
             r"profile 'p' filters\[0\]: unknown filter 'healty' "
             r"\(known: healthy, label, lora_affinity, saturation, serves_model\)",
         ),
         (
-            ProfileSpec("p", (PluginSpec("least_inflight"),), (), OK_PICKER),
+            ProfileSpec(OK_PICKER, (PluginSpec("least_inflight"),), (), name="p"),
             r"filters\[0\]: 'least_inflight' is a scorer, it cannot be used as a filter",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, (PluginSpec("healthy"),), OK_PICKER),
+            ProfileSpec(OK_PICKER, OK_FILTERS, (PluginSpec("healthy"),), name="p"),
             r"scorers\[0\]: 'healthy' is a filter, it cannot be used as a scorer",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, OK_SCORERS, PluginSpec("weight")),
+            ProfileSpec(PluginSpec("weight"), OK_FILTERS, OK_SCORERS, name="p"),
             r"picker: 'weight' is a scorer, it cannot be used as a picker",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, (*OK_SCORERS, PluginSpec("least_inflight")), OK_PICKER),
+            ProfileSpec(
+                OK_PICKER, OK_FILTERS, (*OK_SCORERS, PluginSpec("least_inflight")), name="p"
+            ),
             r"profile 'p': plugin 'least_inflight' appears twice",
         ),
         (
-            ProfileSpec("p", (*OK_FILTERS, PluginSpec("healthy")), OK_SCORERS, OK_PICKER),
+            ProfileSpec(OK_PICKER, (*OK_FILTERS, PluginSpec("healthy")), OK_SCORERS, name="p"),
             r"plugin 'healthy' appears twice",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", -0.5),), OK_PICKER),
+            ProfileSpec(OK_PICKER, OK_FILTERS, (PluginSpec("weight", -0.5),), name="p"),
             r"scorers\[0\]: weight of 'weight' must be finite and >= 0, got -0.5",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", math.nan),), OK_PICKER),
+            ProfileSpec(OK_PICKER, OK_FILTERS, (PluginSpec("weight", math.nan),), name="p"),
             r"weight of 'weight' must be finite",
         ),
         (
-            ProfileSpec("p", (PluginSpec("healthy", 2.0),), (), OK_PICKER),
+            ProfileSpec(OK_PICKER, (PluginSpec("healthy", 2.0),), (), name="p"),
             r"'healthy' is a filter; only scorers take a weight",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, OK_SCORERS, None),  # type: ignore[arg-type]
+            ProfileSpec(None, OK_FILTERS, OK_SCORERS, name="p"),  # type: ignore[arg-type]
             r"profile 'p': no picker",
         ),
         (
-            ProfileSpec("p", OK_FILTERS, OK_SCORERS, PluginSpec("max_score", params={"sed": 1})),
+            ProfileSpec(
+                PluginSpec("max_score", params={"sed": 1}), OK_FILTERS, OK_SCORERS, name="p"
+            ),
             r"plugin 'max_score': unknown parameter 'sed'",
         ),
+        (
+            ProfileSpec(OK_PICKER, affinity=("session", "prompt"), name="p"),  # type: ignore[arg-type]
+            r"profile 'p' affinity\[1\]: unknown tier 'prompt' "
+            r"\(known: prefix_home, prompt_cache, session\)",
+        ),
+        (
+            ProfileSpec(OK_PICKER, affinity=("session", "prompt_cache", "session"), name="p"),
+            r"profile 'p' affinity: tier 'session' appears twice",
+        ),
+        # An unnamed profile (built in code, not from a config) is still located.
+        (ProfileSpec(PluginSpec("weight")), r"^profile picker: 'weight' is a scorer"),
     ],
 )
 def test_invalid_profiles_are_rejected(profile: ProfileSpec, message: str) -> None:
@@ -126,4 +150,4 @@ def test_invalid_profiles_are_rejected(profile: ProfileSpec, message: str) -> No
 
 
 def test_zero_weight_scorer_is_allowed() -> None:
-    validate_profile(ProfileSpec("p", OK_FILTERS, (PluginSpec("weight", 0.0),), OK_PICKER))
+    validate_profile(ProfileSpec(OK_PICKER, OK_FILTERS, (PluginSpec("weight", 0.0),), name="p"))

@@ -19,6 +19,7 @@ from routing import (
     RequestFeatures,
     Router,
     RoutingError,
+    Saturated,
     param,
 )
 from routing.plugin import AnyFactory
@@ -77,7 +78,7 @@ def _router(
     scorers: tuple[PluginSpec, ...] = (), picker: str = "max_score", **picker_params: object
 ) -> Router:
     filters = (PluginSpec("healthy"), PluginSpec("serves_model"))
-    profile = ProfileSpec("t", filters, scorers, PluginSpec(picker, params=picker_params))
+    profile = ProfileSpec(PluginSpec(picker, params=picker_params), filters, scorers, name="t")
     return Router(profile, TEST_PLUGINS)
 
 
@@ -143,6 +144,7 @@ def test_no_replica_names_the_reason(
     with pytest.raises(NoReplicaError, match=reason) as info:
         Router(BUILTIN_PROFILES["default"]).route(REQUEST, fleet, exclude)
     assert info.value.model == MODEL
+    assert not isinstance(info.value, Saturated)  # nothing to wait for: fail at once
 
 
 def test_exclude_never_returns_a_replica_already_tried() -> None:

@@ -11,6 +11,7 @@ from routing import (
     PluginSpec,
     ProfileSpec,
     Router,
+    Saturated,
 )
 from tests.routing.replicas import REQUEST, names, replica
 
@@ -49,15 +50,21 @@ def test_saturation_passes_the_set_through_when_nothing_is_full() -> None:
 
 def test_everything_saturated_is_no_replica_for_the_gateway_to_queue() -> None:
     profile = ProfileSpec(
-        "t",
+        PluginSpec("max_score"),
         (PluginSpec("healthy"), PluginSpec("saturation", params={"max_in_flight": 2})),
         (PluginSpec("least_inflight"),),
-        PluginSpec("max_score"),
+        name="t",
     )
     router = Router(profile)
     assert router.route(REQUEST, [replica("a", in_flight=1)]).replica.name == "a"
-    with pytest.raises(NoReplicaError, match="filter 'saturation' removed every replica"):
+    # Saturated (a NoReplicaError) tells the gateway to queue the request.
+    with pytest.raises(Saturated, match="filter 'saturation' removed every replica"):
         router.route(REQUEST, [replica("a", in_flight=2), replica("b", in_flight=5)])
+    # A replica the saturation filter never saw (unhealthy, removed before it) is no reason
+    # to wait: the request fails at once.
+    with pytest.raises(NoReplicaError, match="filter 'healthy'") as info:
+        router.route(REQUEST, [replica("a", healthy=False)])
+    assert not isinstance(info.value, Saturated)
 
 
 @pytest.mark.parametrize("raw", [{"max_waiting": 0}, {"max_kv_usage": -0.1}, {"max_running": 0}])

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
-from routing.scoring import NEUTRAL, load, mem_frac, relative, settle
+from routing.scoring import NEUTRAL, choose, load, mem_frac, near_best, relative, settle
 from tests.routing.replicas import replica
 
 
@@ -60,3 +63,39 @@ def test_load(
     in_flight: int, running: float | None, waiting: float | None, expected: float
 ) -> None:
     assert load(replica("r", in_flight=in_flight, running=running, waiting=waiting)) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "epsilon", "among", "expected"),
+    [
+        ([0.1, 0.9, 0.5], 1e-9, None, [1]),
+        ([0.9, 0.2, 0.9], 1e-9, None, [0, 2]),
+        ([0.1 + 0.2, 0.3, 0.0], 1e-9, None, [0, 1]),  # float rounding stays a tie
+        ([0.1 + 0.2, 0.3, 0.0], 0.0, None, [0]),
+        ([5.0, 4.5, 3.0], 1.0, None, [0, 1]),
+        # `among` bounds both the best and the answer, in its own order.
+        ([9.0, 1.0, 2.0, 2.0], 1e-9, [3, 1, 2], [3, 2]),
+        ([-3.0, -1.0, -1.5], 0.5, None, [1, 2]),
+    ],
+)
+def test_near_best(
+    values: list[float], epsilon: float, among: list[int] | None, expected: list[int]
+) -> None:
+    assert near_best(values, epsilon, among) == expected
+
+
+def test_choose_draws_nothing_for_a_unique_best() -> None:
+    rng = random.Random(5)
+    state = rng.getstate()
+    assert choose(rng, [3]) == 3
+    assert rng.getstate() == state
+
+
+def test_choose_is_the_seeded_draw_the_pickers_always_made() -> None:
+    # The pickers' old inline tie-break, on the same seed: the same sequence.
+    tied = [4, 1, 7]
+    old, new = random.Random(11), random.Random(11)
+    expected = [tied[old.randrange(len(tied))] for _ in range(50)]
+    assert [choose(new, tied) for _ in range(50)] == expected
+    counts = Counter(choose(random.Random(i), tied) for i in range(3000))
+    assert set(counts) == set(tied) and min(counts.values()) > 850, counts

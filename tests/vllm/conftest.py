@@ -21,13 +21,13 @@ from gateway.config import (
     CacheIndexConfig,
     GatewayConfig,
     HealthCheckConfig,
-    ProfileConfig,
     ReplicaConfig,
     RoutingConfig,
     ScoreLoopConfig,
     ServerConfig,
 )
 from gateway.process import RunningGateway, running_gateway
+from routing.profile import ProfileSpec
 from tests.conformance.helpers import wait_for
 
 if os.environ.get("LLMGW_SKIP_VLLM") == "1":
@@ -64,7 +64,7 @@ def gateway_config(
     fleet: VllmFleet,
     profile: str = "default",
     kv_events: bool = True,
-    profiles: dict[str, ProfileConfig] | None = None,
+    profiles: dict[str, ProfileSpec] | None = None,
 ) -> GatewayConfig:
     """A gateway in front of `fleet` with its tokenizer and block size (precise index)."""
     return GatewayConfig(
@@ -88,7 +88,7 @@ async def gateway_for(
     fleet: VllmFleet,
     profile: str = "default",
     kv_events: bool = True,
-    profiles: dict[str, ProfileConfig] | None = None,
+    profiles: dict[str, ProfileSpec] | None = None,
 ) -> AsyncIterator[tuple[RunningGateway, httpx.AsyncClient]]:
     """A started gateway (every replica healthy and its models known) and a client to it."""
     async with (

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from benchmarks.vllm_cpu import VllmFleet
-from gateway.config import PluginConfig, ProfileConfig
-from routing.profile import BUILTIN_PROFILES, PluginSpec
+from routing.profile import BUILTIN_PROFILES, ProfileSpec
 from tests.vllm.conftest import TIMEOUT_S, gateway_for, metric, reset_caches
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
@@ -26,18 +26,10 @@ CONCURRENCY = 2
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 
 
-def _seeded_default() -> ProfileConfig:
+def _seeded_default() -> ProfileSpec:
     """The built-in default profile with a fixed tie-break seed (a reproducible placement)."""
     spec = BUILTIN_PROFILES["default"]
-
-    def conf(p: PluginSpec, **extra: object) -> PluginConfig:
-        return PluginConfig(type=p.type, weight=p.weight, params={**p.params, **extra})
-
-    return ProfileConfig(
-        picker=conf(spec.picker, seed=0),
-        filters=tuple(conf(p) for p in spec.filters),
-        scorers=tuple(conf(p) for p in spec.scorers),
-    )
+    return replace(spec, picker=replace(spec.picker, params={**spec.picker.params, "seed": 0}))
 
 
 async def _prefix_text(direct: httpx.AsyncClient, fleet: VllmFleet, i: int) -> str:

@@ -141,7 +141,12 @@ async def test_same_request_is_routed_alike_over_http_and_grpc(
         decision = route(self, features, *args, **kwargs)
         # What the cache index knew differs between the two calls; the request must not.
         stable = replace(
-            features, request_id="", prefix_match={}, affinity_replica=None, affinity_kind=None
+            features,
+            request_id="",
+            prefix_match={},
+            prompt_cache_replica=None,
+            session_replica=None,
+            prefix_home_replica=None,
         )
         seen.append((stable, features, decision.replica.name))
         return decision
@@ -173,7 +178,7 @@ async def test_same_request_is_routed_alike_over_http_and_grpc(
             assert first.session is not None and first.prompt_hash is not None
             assert second_replica == first_replica
             # Same prompt hash computed from both encodings: tier 1 knew where it went.
-            assert raw.affinity_replica == first_replica
+            assert raw.prompt_cache_replica == first_replica
     assert in_flight(stack.gw) == ZERO
 
 

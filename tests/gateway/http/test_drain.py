@@ -80,7 +80,9 @@ async def test_sigterm_drains_streams(
                 # New connections are refused at once (readiness fails), the open stream goes on.
                 async def refused() -> bool:
                     try:
-                        await httpx.AsyncClient().get(url + "/health")
+                        # Closed each time: a probe that still got in must not leak its socket.
+                        async with httpx.AsyncClient() as probe:
+                            await probe.get(url + "/health")
                     except httpx.TransportError:
                         return True
                     return False

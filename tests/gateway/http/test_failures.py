@@ -1,4 +1,8 @@
-"""Failure paths: retries before the first byte, broken streams, disconnects, exact in-flight."""
+"""Failure paths: retries before the first byte, broken streams, disconnects, exact in-flight.
+
+Retries and error shapes run in-process (the replicas' faults are real, on sockets); broken
+streams and disconnects go through uvicorn: what they check happens on the client's socket.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,15 @@ import pytest
 from gateway.config import HealthCheckConfig, RoutingConfig, UpstreamConfig
 from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
-from tests.gateway.conftest import MODEL, eventually, gateway_config, in_flight, set_faults
+from tests.gateway.conftest import (
+    MODEL,
+    InProcessGateway,
+    eventually,
+    gateway_config,
+    in_flight,
+    in_process,
+    set_faults,
+)
 
 CHAT = {
     "model": MODEL,
@@ -34,7 +46,7 @@ def _slow_health(fleet: SimFleet, **upstream: object) -> object:
     )
 
 
-def _retries(gw: RunningGateway) -> str:
+def _retries(gw: RunningGateway | InProcessGateway) -> str:
     return gw.runtime.metrics.render().decode()
 
 
@@ -43,7 +55,8 @@ def _retries(gw: RunningGateway) -> str:
     [{"reset_before_first_byte": True}, {"error_rate": 1.0, "error_status": 503}, {"dead": True}],
 )
 async def test_failure_before_first_byte_is_retried_elsewhere(fleet: SimFleet, fault: dict) -> None:
-    async with running_gateway(_slow_health(fleet)) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(_slow_health(fleet)) as gw:
+        c = gw.client
         # Broken after start-up: only live traffic can notice before the next (distant) probe.
         await set_faults(fleet.replicas[0].url, **fault)
         for stream in (False, True):
@@ -59,11 +72,8 @@ async def test_failure_before_first_byte_is_retried_elsewhere(fleet: SimFleet, f
 async def test_all_replicas_failing_gives_502_without_upstream_detail(fleet: SimFleet) -> None:
     for r in fleet.replicas:
         await set_faults(r.url, error_rate=1.0, error_status=500)
-    async with (
-        running_gateway(_slow_health(fleet, max_retries=5)) as gw,
-        httpx.AsyncClient(base_url=gw.url) as c,
-    ):
-        r = await c.post("/v1/chat/completions", json=CHAT)
+    async with in_process(_slow_health(fleet, max_retries=5)) as gw:
+        r = await gw.client.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 502
         err = r.json()["error"]
         assert err["type"] == "BadGatewayError" and err["code"] == 502
@@ -76,7 +86,8 @@ async def test_all_replicas_failing_gives_502_without_upstream_detail(fleet: Sim
 
 async def test_connection_refused_is_retried(fleet: SimFleet) -> None:
     cfg = _slow_health(fleet)
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(cfg) as gw:
+        c = gw.client
         await fleet.replicas[0].stop()
         for _ in range(4):
             assert (
@@ -126,8 +137,8 @@ async def test_first_byte_timeout_is_retried_then_504(fleet: SimFleet) -> None:
     for r in fleet.replicas:
         await set_faults(r.url, stall_seconds=3.0)
     cfg = _slow_health(fleet, first_byte_timeout_s=0.3, non_stream_timeout_s=0.3)
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
-        r = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    async with in_process(cfg) as gw:
+        r = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert r.status_code == 504 and r.json()["error"]["type"] == "GatewayTimeoutError"
         assert in_flight(gw) == ZERO
 
@@ -184,9 +195,9 @@ async def test_passive_failures_mark_a_replica_down(fleet: SimFleet) -> None:
         routing=RoutingConfig(profile="round_robin"),
         health_check=HealthCheckConfig(interval_s=30.0, passive_failure_threshold=2),
     )
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(cfg) as gw:
         for _ in range(6):
-            assert (await c.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
         assert not gw.runtime.pool["sim-0"].healthy
         assert gw.runtime.pool["sim-0"].errors_total == 2
         assert in_flight(gw) == ZERO
@@ -197,7 +208,7 @@ async def test_health_check_thresholds(fleet: SimFleet) -> None:
         fleet,
         health_check=HealthCheckConfig(interval_s=0.05, unhealthy_threshold=3, healthy_threshold=2),
     )
-    async with running_gateway(cfg) as gw:
+    async with in_process(cfg) as gw:
         sim0 = gw.runtime.pool["sim-0"]
         # Start-up probes once; the second good probe (threshold 2) marks it up.
         assert not sim0.healthy

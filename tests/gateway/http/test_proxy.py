@@ -1,4 +1,4 @@
-"""The request path over real sockets: gateway in front of simulated vLLM replicas."""
+"""The request path: the gateway's app in front of simulated vLLM replicas on real sockets."""
 
 from __future__ import annotations
 
@@ -6,9 +6,16 @@ import httpx
 import orjson
 import pytest
 
-from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
-from tests.gateway.conftest import LORA, MODEL, eventually, gateway_config, in_flight
+from tests.gateway.conftest import (
+    LORA,
+    MODEL,
+    InProcessGateway,
+    eventually,
+    gateway_config,
+    in_flight,
+    in_process,
+)
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8}
 COMPLETION = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8}
@@ -25,15 +32,15 @@ def sse_events(body: bytes) -> list[bytes]:
     ("path", "payload"), [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)]
 )
 async def test_non_streamed(
-    client: httpx.AsyncClient, gateway: RunningGateway, path: str, payload: dict
+    asgi_client: httpx.AsyncClient, asgi_gateway: InProcessGateway, path: str, payload: dict
 ) -> None:
-    r = await client.post(path, json=payload)
+    r = await asgi_client.post(path, json=payload)
     assert r.status_code == 200
     data = r.json()
     assert data["usage"]["completion_tokens"] == 8
     assert data["model"] == MODEL
     assert len(r.headers["x-request-id"]) == 32
-    assert in_flight(gateway) == {"sim-0": 0, "sim-1": 0}
+    assert in_flight(asgi_gateway) == {"sim-0": 0, "sim-1": 0}
 
 
 @pytest.mark.parametrize(
@@ -42,6 +49,7 @@ async def test_non_streamed(
 async def test_streamed_relays_every_frame(
     client: httpx.AsyncClient, path: str, payload: dict
 ) -> None:
+    # Over uvicorn: the frames are checked as they cross a real chunked HTTP response.
     body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", path, json=body) as r:
         assert r.status_code == 200
@@ -53,38 +61,40 @@ async def test_streamed_relays_every_frame(
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
 
 
-async def test_request_id_is_propagated(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-123"})
+async def test_request_id_is_propagated(asgi_client: httpx.AsyncClient) -> None:
+    r = await asgi_client.post(
+        "/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-123"}
+    )
     assert r.headers["x-request-id"] == "abc-123"
 
 
-async def test_models_union_includes_lora(client: httpx.AsyncClient) -> None:
-    r = await client.get("/v1/models")
+async def test_models_union_includes_lora(asgi_client: httpx.AsyncClient) -> None:
+    r = await asgi_client.get("/v1/models")
     cards = {c["id"]: c for c in r.json()["data"]}
     assert set(cards) == {MODEL, LORA}
     assert cards[LORA]["parent"] == MODEL
-    r = await client.post("/v1/chat/completions", json={**CHAT, "model": LORA})
+    r = await asgi_client.post("/v1/chat/completions", json={**CHAT, "model": LORA})
     assert r.status_code == 200
 
 
 async def test_health_and_ready(
-    client: httpx.AsyncClient, fleet: SimFleet, gateway: RunningGateway
+    asgi_client: httpx.AsyncClient, fleet: SimFleet, asgi_gateway: InProcessGateway
 ) -> None:
-    assert (await client.get("/health")).status_code == 200
-    assert (await client.get("/ready")).status_code == 200
+    assert (await asgi_client.get("/health")).status_code == 200
+    assert (await asgi_client.get("/ready")).status_code == 200
     for replica in fleet.replicas:
         await replica_faults(replica.url, unhealthy=True)
-    await eventually(lambda: not gateway.runtime.pool.ready(), what="replicas marked down")
-    r = await client.get("/ready")
+    await eventually(lambda: not asgi_gateway.runtime.pool.ready(), what="replicas marked down")
+    r = await asgi_client.get("/ready")
     assert r.status_code == 503
-    r = await client.post("/v1/chat/completions", json=CHAT)
+    r = await asgi_client.post("/v1/chat/completions", json=CHAT)
     assert r.status_code == 503
     assert r.json()["error"]["type"] == "ServiceUnavailableError"
     assert "127.0.0.1" not in r.text
     for replica in fleet.replicas:
         await replica_faults(replica.url, unhealthy=False)
-    await eventually(lambda: gateway.runtime.pool.ready(), what="replicas back up")
-    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    await eventually(lambda: asgi_gateway.runtime.pool.ready(), what="replicas back up")
+    assert (await asgi_client.post("/v1/chat/completions", json=CHAT)).status_code == 200
 
 
 async def replica_faults(url: str, **faults: object) -> None:
@@ -105,14 +115,14 @@ async def replica_faults(url: str, **faults: object) -> None:
     ],
 )
 async def test_validation_errors_in_vllm_shape(
-    client: httpx.AsyncClient,
-    gateway: RunningGateway,
+    asgi_client: httpx.AsyncClient,
+    asgi_gateway: InProcessGateway,
     body: bytes,
     status: int,
     etype: str,
     param: str | None,
 ) -> None:
-    r = await client.post("/v1/chat/completions", content=body)
+    r = await asgi_client.post("/v1/chat/completions", content=body)
     assert r.status_code == status
     assert r.json() == {
         "error": {
@@ -122,29 +132,30 @@ async def test_validation_errors_in_vllm_shape(
             "code": status,
         }
     }
-    assert in_flight(gateway) == {"sim-0": 0, "sim-1": 0}
+    assert in_flight(asgi_gateway) == {"sim-0": 0, "sim-1": 0}
 
 
-async def test_upstream_validation_error_is_relayed(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 10**7})
+async def test_upstream_validation_error_is_relayed(asgi_client: httpx.AsyncClient) -> None:
+    r = await asgi_client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 10**7})
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "BadRequestError"
 
 
-async def test_wrong_method_and_path(client: httpx.AsyncClient) -> None:
-    r = await client.get("/v1/chat/completions")
+async def test_wrong_method_and_path(asgi_client: httpx.AsyncClient) -> None:
+    r = await asgi_client.get("/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
-    r = await client.post("/v1/embeddings", json={})
+    r = await asgi_client.post("/v1/embeddings", json={})
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
     # Replica-only routes are not forwarded: the gateway proxies an allowlist.
-    assert (await client.post("/tokenize", json={"prompt": "x"})).status_code == 404
+    assert (await asgi_client.post("/tokenize", json={"prompt": "x"})).status_code == 404
 
 
 async def test_body_limit_is_413_before_parsing(fleet: SimFleet) -> None:
     from gateway.config import ServerConfig
 
     cfg = gateway_config(fleet, server=ServerConfig(port=0, max_body_bytes=1000))
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(cfg) as gw:
+        c = gw.client
         r = await c.post("/v1/completions", content=b"{" + b" " * 2000)
         assert r.status_code == 413
         assert r.json()["error"]["code"] == 413
@@ -161,7 +172,8 @@ async def test_api_keys(fleet: SimFleet) -> None:
     from gateway.config import ServerConfig
 
     cfg = gateway_config(fleet, server=ServerConfig(port=0, api_keys=("k1", "k2")))
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(cfg) as gw:
+        c = gw.client
         r = await c.post("/v1/chat/completions", json=CHAT)
         assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
         r = await c.post("/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer k3"})
@@ -170,11 +182,13 @@ async def test_api_keys(fleet: SimFleet) -> None:
         assert r.status_code == 200
 
 
-async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
-    await client.post("/v1/chat/completions", json=CHAT)
-    async with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as r:
+async def test_metrics_exposition(asgi_client: httpx.AsyncClient) -> None:
+    await asgi_client.post("/v1/chat/completions", json=CHAT)
+    async with asgi_client.stream(
+        "POST", "/v1/chat/completions", json={**CHAT, "stream": True}
+    ) as r:
         await r.aread()
-    text = (await client.get("/metrics")).text
+    text = (await asgi_client.get("/metrics")).text
     assert f'model="{MODEL}"' in text
     assert "llm_gateway_requests_total{" in text and 'status="200"' in text and "branch=" in text
     assert "llm_gateway_request_duration_seconds_bucket" in text
@@ -183,12 +197,12 @@ async def test_metrics_exposition(client: httpx.AsyncClient) -> None:
 
 
 async def test_a_malformed_priority_header_is_refused_before_routing(
-    client: httpx.AsyncClient, gateway: RunningGateway
+    asgi_client: httpx.AsyncClient, asgi_gateway: InProcessGateway
 ) -> None:
-    r = await client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "urgent"})
+    r = await asgi_client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "urgent"})
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "BadRequestError" and "`x-priority` header" in err["message"]
-    assert sum(rep.requests_total for rep in gateway.runtime.pool) == 0
-    ok = await client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "-3"})
+    assert sum(rep.requests_total for rep in asgi_gateway.runtime.pool) == 0
+    ok = await asgi_client.post("/v1/chat/completions", json=CHAT, headers={"x-priority": "-3"})
     assert ok.status_code == 200

@@ -9,14 +9,19 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from gateway.config import (
-    AdmissionConfig,
-    PluginConfig,
-    ProfileConfig,
-    RoutingConfig,
-    ScoreLoopConfig,
-)
+from gateway.config import AdmissionConfig, RoutingConfig, ScoreLoopConfig
 from gateway.process import RunningGateway, running_gateway
+from gateway.proxy.admission import Admission
+from routing import (
+    Branch,
+    Decision,
+    NoReplicaError,
+    PluginSpec,
+    ProfileSpec,
+    ReplicaSnapshot,
+    RequestFeatures,
+    Saturated,
+)
 from simulator import SimFleet
 from tests.gateway.conftest import MODEL, eventually, gateway_config, in_flight
 
@@ -24,14 +29,14 @@ from tests.gateway.conftest import MODEL, eventually, gateway_config, in_flight
 ONE_EACH = RoutingConfig(
     profile="one_each",
     profiles={
-        "one_each": ProfileConfig(
+        "one_each": ProfileSpec(
             filters=(
-                PluginConfig("healthy"),
-                PluginConfig("serves_model"),
-                PluginConfig("saturation", params={"max_in_flight": 1}),
+                PluginSpec("healthy"),
+                PluginSpec("serves_model"),
+                PluginSpec("saturation", params={"max_in_flight": 1}),
             ),
-            scorers=(PluginConfig("least_inflight"),),
-            picker=PluginConfig("max_score"),
+            scorers=(PluginSpec("least_inflight"),),
+            picker=PluginSpec("max_score"),
         )
     },
 )
@@ -134,3 +139,39 @@ async def test_client_leaving_the_queue_frees_its_place(fleet: SimFleet) -> None
         release.set()
         await asyncio.gather(*holders)
         await eventually(lambda: sum(in_flight(gw).values()) == 0, what="in-flight back to 0")
+
+
+FEATURES = RequestFeatures(model=MODEL, request_id="req-1", bucket="le128")
+DECISION = Decision(
+    ReplicaSnapshot("r", "http://r.test", frozenset({MODEL})), Branch.MAX_SCORE, 1.0, {}, 1
+)
+
+
+async def test_saturated_waits_in_the_queue_until_woken() -> None:
+    admission = Admission(AdmissionConfig())
+    refused = asyncio.Event()
+
+    def route() -> Decision:
+        if not refused.is_set():
+            refused.set()
+            raise Saturated(MODEL, "filter 'saturation' removed every replica")
+        return DECISION
+
+    task = asyncio.create_task(admission.admit(FEATURES, route))
+    await refused.wait()  # admit ran on to its wait: the ticket is in the queue
+    assert len(admission.queue) == 1 and not task.done()
+    admission.notify()
+    assert await task == (DECISION, True)
+    assert len(admission.queue) == 0 and admission.admitted_after_wait == 1
+
+
+async def test_other_no_replica_errors_are_not_queued() -> None:
+    admission = Admission(AdmissionConfig())
+
+    def route() -> Decision:
+        raise NoReplicaError(MODEL, "filter 'healthy' removed every replica")
+
+    with pytest.raises(NoReplicaError) as info:
+        await admission.admit(FEATURES, route)
+    assert not isinstance(info.value, Saturated)
+    assert len(admission.queue) == 0

@@ -44,20 +44,28 @@ def test_whole_templated_chat_is_hashed() -> None:
     assert a.prompt_hash != b.prompt_hash and a.block_hashes[0] != b.block_hashes[0]
 
 
+def _tiers(f: RequestFeatures) -> tuple[str | None, str | None, str | None]:
+    """Each tier's candidate: prompt cache, session, prefix home."""
+    return f.prompt_cache_replica, f.session_replica, f.prefix_home_replica
+
+
 def test_tiers_answer_after_record() -> None:
     aff = _affinity()
     req = parse_request("completions", _completion("same prompt " * 20), "r1")
     headers = [(b"x-session-id", b"s-1")]
     first = aff.features(req, headers)
-    assert first.affinity_replica is None and first.session == "s-1"
+    assert _tiers(first) == (None, None, None) and first.session == "s-1"
     aff.record(first, "rep-2")
     again = aff.features(req, headers)
-    assert (again.affinity_replica, again.affinity_kind) == ("rep-2", "prompt_cache")
+    # Every tier answers (the routing profile orders them); none is chosen here.
+    assert _tiers(again) == ("rep-2", "rep-2", None)
+    assert (again.affinity_replica, again.affinity_kind) == (None, None)
     assert again.prefix_match == {"rep-2": len(first.block_hashes)}
     other = aff.features(parse_request("completions", _completion("other"), "r2"), headers)
-    assert (other.affinity_replica, other.affinity_kind) == ("rep-2", "session")
+    assert _tiers(other) == (None, "rep-2", None)
+    assert _tiers(aff.features(req, [])) == ("rep-2", None, None)  # no session id
     aff.forget_replica("rep-2")
-    assert aff.features(req, headers).affinity_replica is None
+    assert _tiers(aff.features(req, headers)) == (None, None, None)
 
 
 @pytest.mark.parametrize("words", [10, 5000])
@@ -92,12 +100,12 @@ def test_an_evicted_prefix_goes_home_on_precise_replicas_only() -> None:
     aff.record(first, "rep-p")
     again = ask("second?", "r2")
     assert again.prefix_match == {}  # no KV event says rep-p holds it
-    assert (again.affinity_replica, again.affinity_kind) == ("rep-p", "prefix_home")
+    assert _tiers(again) == (None, None, "rep-p")
     # An approximate replica's routing history is its index: a match, not a home.
     aff.record(again, "rep-a")
     third = ask("third?", "r3")
     assert third.prefix_match and set(third.prefix_match) == {"rep-a"}
-    assert third.affinity_replica is None
+    assert _tiers(third) == (None, None, None)
 
 
 @pytest.mark.parametrize(("ratio", "remembered"), [(1.0, False), (4.0, True)])

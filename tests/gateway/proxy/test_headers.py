@@ -1,15 +1,14 @@
-"""Headers across the gateway, checked by a recording upstream over real sockets."""
+"""Headers across the gateway, in-process, checked by a recording upstream on a real socket."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from aiohttp import web
 
 from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig, UpstreamConfig
-from gateway.process import running_gateway
+from tests.gateway.conftest import in_process
 
 
 @pytest.fixture
@@ -53,8 +52,8 @@ async def test_hop_by_hop_and_credentials(
         upstream=UpstreamConfig(api_key="upstream-key"),
         replicas=(ReplicaConfig(url=url, name="rec", models=("m",)),),
     )
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
-        r = await c.post(
+    async with in_process(cfg) as gw:
+        r = await gw.client.post(
             "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             headers={

@@ -1,4 +1,7 @@
-"""Score loop, heartbeats and cache-aware routing against the simulated fleet."""
+"""Score loop, heartbeats and cache-aware routing against the simulated fleet.
+
+In-process, except the bursts: they hold streams open, then drop them, over real sockets.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,18 @@ from collections import Counter
 
 import httpx
 
-from gateway.config import PluginConfig, ProfileConfig, RoutingConfig, ScoreLoopConfig
+from gateway.config import RoutingConfig, ScoreLoopConfig
 from gateway.process import RunningGateway, running_gateway
+from routing import PluginSpec, ProfileSpec
 from simulator import SimFleet
-from tests.gateway.conftest import MODEL, SIM, eventually, gateway_config
+from tests.gateway.conftest import (
+    MODEL,
+    SIM,
+    InProcessGateway,
+    eventually,
+    gateway_config,
+    in_process,
+)
 
 # Identical streams in the burst: more than the default guard lets one holder take (17).
 BURST = 24
@@ -28,14 +39,16 @@ def _chat(group: int, question: str, **extra: object) -> dict[str, object]:
     return {"model": MODEL, "messages": messages, "max_tokens": 4, **extra}
 
 
-async def test_score_loop_reads_replica_metrics(gateway, fleet: SimFleet) -> None:  # type: ignore[no-untyped-def]
-    pool = gateway.runtime.pool
+async def test_score_loop_reads_replica_metrics(
+    asgi_gateway: InProcessGateway, fleet: SimFleet
+) -> None:
+    pool = asgi_gateway.runtime.pool
     # Scrapes run every 100 ms; on a loaded machine one may age past 1 s, so poll.
     await eventually(lambda: all(s.freshness == 1.0 for s in pool.snapshots()), what="fresh")
     for snap in pool.snapshots():
         assert snap.cache_capacity_tokens == SIM.block_size * SIM.num_gpu_blocks
         assert snap.kv_usage == 0.0 and snap.running == 0.0 and snap.waiting == 0.0
-    metrics = (await httpx.AsyncClient().get(gateway.url + "/metrics")).text
+    metrics = (await asgi_gateway.client.get("/metrics")).text
     line = next(
         x for x in metrics.splitlines() if x.startswith("llm_gateway_replica_metrics_freshness{")
     )
@@ -46,7 +59,7 @@ async def test_stale_metrics_lose_trust(fleet: SimFleet) -> None:
     cfg = gateway_config(
         fleet, score_loop=ScoreLoopConfig(scrape_interval_s=0.05, stale_after_s=0.1)
     )
-    async with running_gateway(cfg) as gw:
+    async with in_process(cfg) as gw:
         sim0 = gw.runtime.pool["sim-0"]
         assert sim0.freshness_now() == 1.0
         await fleet.replicas[0].stop()
@@ -56,26 +69,26 @@ async def test_stale_metrics_lose_trust(fleet: SimFleet) -> None:
         assert sim0.scrape_errors > 0
 
 
-async def test_heartbeats(gateway) -> None:  # type: ignore[no-untyped-def]
-    async with httpx.AsyncClient(base_url=gateway.url) as c:
-        beat = {
-            "replica": "sim-1",
-            "gpu_memory_used_bytes": 60 * 2**30,
-            "gpu_memory_total_bytes": 80 * 2**30,
-            "gpu_utilization": 0.9,
-        }
-        assert (await c.post("/admin/heartbeat", json=beat)).status_code == 204
-        snap = next(s for s in gateway.runtime.pool.snapshots() if s.name == "sim-1")
-        assert snap.gpu_mem_used_frac == 0.75 and snap.gpu_util == 0.9
-        assert 'gpu_vram_used_ratio{replica="sim-1"} 0.75' in (await c.get("/metrics")).text
-        for bad, param in [
-            ({**beat, "replica": "nope"}, "replica"),
-            ({**beat, "gpu_utilization": 90}, "gpu_utilization"),
-            ({**beat, "gpu_memory_used_bytes": -1}, "gpu_memory_used_bytes"),
-        ]:
-            r = await c.post("/admin/heartbeat", json=bad)
-            assert r.status_code == 400 and r.json()["error"]["param"] == param
-        assert (await c.post("/admin/heartbeat", content=b"{")).status_code == 400
+async def test_heartbeats(asgi_gateway: InProcessGateway) -> None:
+    gateway, c = asgi_gateway, asgi_gateway.client
+    beat = {
+        "replica": "sim-1",
+        "gpu_memory_used_bytes": 60 * 2**30,
+        "gpu_memory_total_bytes": 80 * 2**30,
+        "gpu_utilization": 0.9,
+    }
+    assert (await c.post("/admin/heartbeat", json=beat)).status_code == 204
+    snap = next(s for s in gateway.runtime.pool.snapshots() if s.name == "sim-1")
+    assert snap.gpu_mem_used_frac == 0.75 and snap.gpu_util == 0.9
+    assert 'gpu_vram_used_ratio{replica="sim-1"} 0.75' in (await c.get("/metrics")).text
+    for bad, param in [
+        ({**beat, "replica": "nope"}, "replica"),
+        ({**beat, "gpu_utilization": 90}, "gpu_utilization"),
+        ({**beat, "gpu_memory_used_bytes": -1}, "gpu_memory_used_bytes"),
+    ]:
+        r = await c.post("/admin/heartbeat", json=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert (await c.post("/admin/heartbeat", content=b"{")).status_code == 400
 
 
 async def test_without_gpu_nvml_is_reported_unavailable(fleet: SimFleet) -> None:
@@ -83,7 +96,8 @@ async def test_without_gpu_nvml_is_reported_unavailable(fleet: SimFleet) -> None
 
     cfg = gateway_config(fleet)
     cfg = replace(cfg, replicas=(replace(cfg.replicas[0], gpu_indices=(0,)), cfg.replicas[1]))
-    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
+    async with in_process(cfg) as gw:
+        c = gw.client
         assert gw.runtime.nvml is not None and not gw.runtime.nvml.available
         assert gw.runtime.nvml.reason
         r = await c.post("/v1/chat/completions", json=_chat(0, "hi"))
@@ -93,9 +107,9 @@ async def test_without_gpu_nvml_is_reported_unavailable(fleet: SimFleet) -> None
 async def test_repeated_prefixes_go_to_the_replica_holding_them() -> None:
     async with (
         SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
-        running_gateway(gateway_config(fleet)) as gw,
-        httpx.AsyncClient(base_url=gw.url) as c,
+        in_process(gateway_config(fleet)) as gw,
     ):
+        c = gw.client
         cached = []
         for q in range(4):
             for g in range(4):
@@ -113,9 +127,9 @@ async def test_session_profile_follows_sessions_not_prefixes() -> None:
     cfg_routing = RoutingConfig(profile="session")
     async with (
         SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
-        running_gateway(gateway_config(fleet, routing=cfg_routing)) as gw,
-        httpx.AsyncClient(base_url=gw.url) as c,
+        in_process(gateway_config(fleet, routing=cfg_routing)) as gw,
     ):
+        c = gw.client
         served: dict[str, set[str]] = {}
         for q in range(6):
             for user in ("ann", "bob", "cy"):
@@ -204,17 +218,17 @@ async def test_new_prefixes_spread_over_the_emptiest_caches() -> None:
     # them apart; the cache footprint must (two new prefixes per replica, not by chance).
     systems = [f"Tenant {t} handbook. " + " ".join(f"clause-{t}-{i}." for i in range(150))
                for t in range(8)]  # fmt: skip
-    spread = ProfileConfig(
-        picker=PluginConfig("affinity_guard"),
-        filters=(PluginConfig("healthy"), PluginConfig("serves_model")),
-        scorers=(PluginConfig("least_inflight"), PluginConfig("cache_footprint", 2.0)),
+    spread = ProfileSpec(
+        picker=PluginSpec("affinity_guard"),
+        filters=(PluginSpec("healthy"), PluginSpec("serves_model")),
+        scorers=(PluginSpec("least_inflight"), PluginSpec("cache_footprint", 2.0)),
     )
     routing = RoutingConfig(profile="spread", profiles={"spread": spread})
     async with (
         SimFleet(SIM, replicas=4, host="127.0.0.1", base_port=0) as fleet,
-        running_gateway(gateway_config(fleet, routing=routing)) as gw,
-        httpx.AsyncClient(base_url=gw.url, timeout=30) as c,
+        in_process(gateway_config(fleet, routing=routing)) as gw,
     ):
+        c = gw.client
         for system in systems:
             messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
             body = {"model": MODEL, "messages": messages, "max_tokens": 2}
