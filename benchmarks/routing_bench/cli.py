@@ -88,6 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="TOML with [routing.profiles.X] tables: each X runs approximate and precise (+kv)",
     )
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help="TOML with [variants.NAME] tables (profile, precise, toml = text appended to the "
+        "gateway's config): each runs as contender gateway:NAME",
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload and arrival seed")
     parser.add_argument(
         "--seeds",
@@ -156,6 +162,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         seeds_for=tuple(args.seeds_for.split(",")) if args.seeds_for else None,
         gateway_labels=labels,
         custom_profiles=Path(args.custom_profiles) if args.custom_profiles else None,
+        variants=Path(args.variants) if args.variants else None,
         with_peers=not args.no_peers,
         peers=tuple(args.peers.split(",")) if args.peers else None,
         overrides=_overrides(names, vllm, args.param or ()),
@@ -185,8 +192,8 @@ def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str,
 
 
 _OPTIONS = ("quick", "fleet", "out", "workloads", "rates", "step_s", "gateway", "peers", "no_peers",
-            "custom_profiles", "seed", "seeds", "seeds_for", "param", "replicas", "num_gpu_blocks",
-            "time_scale", "stream_interval")  # fmt: skip
+            "custom_profiles", "variants", "seed", "seeds", "seeds_for", "param", "replicas",
+            "num_gpu_blocks", "time_scale", "stream_interval")  # fmt: skip
 
 
 def _command(args: argparse.Namespace) -> str:

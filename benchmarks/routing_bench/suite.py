@@ -44,6 +44,7 @@ class SuiteConfig:
     seeds_for: tuple[str, ...] | None = None  # workloads run on every seed (None: all)
     gateway_labels: tuple[str, ...] | None = None  # None: every built-in profile
     custom_profiles: Path | None = None
+    variants: Path | None = None  # [variants.NAME] gateway configurations, see variant_modes
     with_peers: bool = True
     peers: tuple[str, ...] | None = None  # None: every peer
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload -> sizes
@@ -61,8 +62,33 @@ def custom_modes(path: Path) -> tuple[GatewayMode, ...]:
     )
 
 
+def variant_modes(path: Path) -> tuple[GatewayMode, ...]:
+    """`[variants.NAME]` tables: one gateway contender each, the same traffic side by side.
+
+    Keys: `profile` (default "default"), `precise` (KV events; default false) and `toml`
+    (text appended to the generated configuration, e.g. a `[score_loop]` table).
+    """
+    variants = tomllib.loads(path.read_text()).get("variants", {})
+    modes = []
+    for name, v in sorted(variants.items()):
+        unknown = sorted(set(v) - {"profile", "precise", "toml"})
+        if unknown:
+            raise ValueError(f"{path}: variants.{name}: unknown keys {', '.join(unknown)}")
+        modes.append(
+            GatewayMode(
+                name,
+                str(v.get("profile", "default")),
+                bool(v.get("precise")),
+                str(v.get("toml", "")),
+            )
+        )
+    return tuple(modes)
+
+
 def _contenders(cfg: SuiteConfig) -> tuple[list[Contender], list[dict[str, Any]]]:
     extra = custom_modes(cfg.custom_profiles) if cfg.custom_profiles else ()
+    if cfg.variants is not None:
+        extra = (*extra, *variant_modes(cfg.variants))
     labels = list(cfg.gateway_labels) if cfg.gateway_labels is not None else None
     out: list[Contender] = list(gateway_contenders(labels, extra))
     missing: list[dict[str, Any]] = []

@@ -11,7 +11,7 @@ from benchmarks.routing_bench.gateway_contender import (
     gateway_toml,
     same_as_default,
 )
-from benchmarks.routing_bench.suite import custom_modes
+from benchmarks.routing_bench.suite import custom_modes, variant_modes
 from gateway.config import parse_config
 from gateway.runtime import build_router
 
@@ -60,3 +60,22 @@ def test_custom_profiles_run_approximate_and_precise(tmp_path: Path) -> None:
     assert [(m.label, m.precise) for m in modes] == [("sticky", False), ("sticky+kv", True)]
     cfg = parse_config(tomllib.loads(gateway_toml(modes[1], FLEET, "127.0.0.1", 1)))
     assert build_router(cfg).profile_name == "sticky"
+
+
+def test_variants_run_one_gateway_config_each(tmp_path: Path) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text(
+        '[variants.slow]\ntoml = """\n[score_loop]\nscrape_interval_s = 1.0\n"""\n'
+        '[variants.kv]\nprofile = "prefix"\nprecise = true\n'
+    )
+    modes = variant_modes(path)
+    assert [(m.label, m.profile, m.precise) for m in modes] == [
+        ("kv", "prefix", True),
+        ("slow", "default", False),
+    ]
+    cfg = parse_config(tomllib.loads(gateway_toml(modes[1], FLEET, "127.0.0.1", 1)))
+    assert cfg.score_loop.scrape_interval_s == 1.0
+    assert build_router(cfg).profile_name == "default"
+    path.write_text("[variants.bad]\nprofiles = 1\n")
+    with pytest.raises(ValueError, match=r"variants\.bad: unknown keys profiles"):
+        variant_modes(path)
