@@ -32,6 +32,7 @@ _RATE_SAMPLES = 64
 class Ticket:
     """One waiting request."""
 
+    # Unique among waiting tickets: the caller's own key, never an id a client chose.
     item_id: str
     model: str
     bucket: str

@@ -137,11 +137,27 @@ class RoutingConfig:
 
 @dataclass(frozen=True, slots=True)
 class ScoreLoopConfig:
-    """How replica state is kept fresh."""
+    """How replica state is kept fresh: an adaptive /metrics cadence per replica.
 
-    scrape_interval_s: float = 0.1
+    A scrape costs the replica's API server CPU and holds its event loop, the process that
+    streams the tokens (measured in docs/vllm-cpu.md, "Cost of a /metrics scrape"). So each
+    replica is scraped only as often as it adds to what the gateway already knows (its own
+    in-flight requests, exactly): every `scrape_interval_s` while the scraped load
+    disagrees with that accounting or changes fast, backing off to `steady_scrape_interval_s`
+    while they agree, and to `idle_scrape_interval_s` when nothing is routed there
+    (gateway/replicas/cadence.py).
+    """
+
+    # The fastest cadence; a bound above the slower ones fixes the cadence at it.
+    scrape_interval_s: float = 0.25
+    # The slowest while the replica has work or was routed to lately, and while idle.
+    steady_scrape_interval_s: float = 2.0
+    idle_scrape_interval_s: float = 5.0
+    # Sustained scrapes per replica, whatever the cadence wants (bursts of 4 s of it).
+    max_scrapes_per_s: float = 1.0
     scrape_timeout_s: float = 0.5
-    # Scraped values older than this lose trust linearly, down to none at 5x.
+    # A scrape this late (past the interval the loop chose) starts losing trust, linearly,
+    # down to none at 5x this late; data the loop chose not to refresh keeps it.
     stale_after_s: float = 1.0
     # TTFT / inter-token percentiles and error rates cover this much recent history.
     latency_window_s: float = 30.0
@@ -151,7 +167,15 @@ class ScoreLoopConfig:
     nvml: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("scrape_interval_s", "scrape_timeout_s", "stale_after_s", "latency_window_s"):
+        for name in (
+            "scrape_interval_s",
+            "steady_scrape_interval_s",
+            "idle_scrape_interval_s",
+            "max_scrapes_per_s",
+            "scrape_timeout_s",
+            "stale_after_s",
+            "latency_window_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.nvml not in ("auto", "off"):

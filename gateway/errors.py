@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from vllm_api.errors import error_body, error_type
 
+# Client values quoted in an error message are cut to this many characters.
+MAX_ECHO_CHARS = 256
+
+
+def echo(value: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """`value` as an error message may quote it: its first `limit` characters, then "…"."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
 
 class GatewayError(Exception):
     """Root error of the gateway: carries the HTTP status and a client-safe message."""
@@ -34,6 +42,15 @@ class GatewayError(Exception):
         return error_body(self.message, self.status, self.param)
 
 
+class InternalError(GatewayError):
+    """A bug in the gateway: the client gets vLLM's 500 body, the traceback goes to the log."""
+
+    status = 500
+
+    def __init__(self) -> None:
+        super().__init__("The gateway failed to handle the request.")
+
+
 class BadRequest(GatewayError):
     status = 400
 
@@ -42,7 +59,7 @@ class ModelNotFound(GatewayError):
     status = 404
 
     def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model")
+        super().__init__(f"The model `{echo(model)}` does not exist.", param="model")
 
 
 class PayloadTooLarge(GatewayError):

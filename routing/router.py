@@ -106,6 +106,20 @@ class Router:
             candidates=n,
         )
 
+    def affinity(self, request: RequestFeatures) -> tuple[str | None, Tier | None]:
+        """The (affinity_replica, affinity_kind) that `route` follows for `request`."""
+        followed = self._follow_tiers(request) if request.affinity_replica is None else request
+        return followed.affinity_replica, followed.affinity_kind
+
+    def totals(self, decision: Decision) -> dict[str, float]:
+        """Each candidate's weighted total in `decision`, summed as `route` summed it."""
+        # Off the hot path (decision logs): `route` keeps its totals in a list, unlabelled.
+        out: dict[str, float] = {}
+        for name, weight, _ in self._scorers:
+            for replica, s in decision.scores.get(name, {}).items():
+                out[replica] = out.get(replica, 0.0) + weight * s
+        return out
+
     def _follow_tiers(self, request: RequestFeatures) -> RequestFeatures:
         """`request` with the candidate of the profile's first tier that has one, if any."""
         # Once, before the filters: a tier whose replica is then filtered out or already tried

@@ -39,6 +39,8 @@ _HELP = {
     "decode_per_seq_ms": "decode step time a per running sequence, in ms",
     "prefill_base_ms": "prefill overhead per step with prefill, in ms",
     "prefill_per_token_ms": "prefill time per uncached prompt token, in ms",
+    "metrics_cost_ms": "API-server time of one /metrics render, in ms; it pushes the engine's "
+    "next step back",
 }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from simulator.timing import (
     DECODE_BASE_MS,
     DECODE_PER_SEQ_MS,
+    METRICS_COST_MS,
     PREFILL_BASE_MS,
     PREFILL_PER_TOKEN_MS,
     TimingModel,
@@ -105,6 +106,9 @@ class SimConfig:
     decode_per_seq_ms: float = DECODE_PER_SEQ_MS
     prefill_base_ms: float = PREFILL_BASE_MS
     prefill_per_token_ms: float = PREFILL_PER_TOKEN_MS
+    # Each /metrics request holds the API server this long, pushing the engine's next step
+    # back (time_scale applies): a replica scraped often streams slower, as vLLM does.
+    metrics_cost_ms: float = METRICS_COST_MS
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -116,6 +120,8 @@ class SimConfig:
             raise SimError("time_scale must be > 0")
         if self.max_model_len <= 0 or self.max_num_batched_tokens <= 0:
             raise SimError("max_model_len and max_num_batched_tokens must be > 0")
+        if self.metrics_cost_ms < 0:
+            raise SimError("metrics_cost_ms must be >= 0")
 
     @property
     def timing(self) -> TimingModel:
@@ -125,4 +131,5 @@ class SimConfig:
             prefill_base_ms=self.prefill_base_ms,
             prefill_per_token_ms=self.prefill_per_token_ms,
             time_scale=self.time_scale,
+            metrics_cost_ms=self.metrics_cost_ms,
         )

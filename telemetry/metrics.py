@@ -12,7 +12,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -25,6 +25,11 @@ disable_created_metrics()  # type: ignore[no-untyped-call]
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
+
+
+# Decisions behind llm_gateway_routing_decision_share: enough for a steady share at tens of
+# requests per second, few enough that a skew shows within seconds at hundreds.
+DECISION_WINDOW = 1024
 
 
 class _LiveGauges(Collector):
@@ -59,6 +64,16 @@ class _LiveGauges(Collector):
             "Seconds since the replica's last successful /metrics scrape.",
             labels=["replica"],
         )
+        scrapes = CounterMetricFamily(
+            "llm_gateway_replica_scrapes",
+            "Scrapes of the replica's /metrics sent by the score loop, failed ones included.",
+            labels=["replica"],
+        )
+        interval = GaugeMetricFamily(
+            "llm_gateway_replica_scrape_interval_seconds",
+            "Seconds the score loop planned from the last good scrape to the next.",
+            labels=["replica"],
+        )
         gpu_mem = GaugeMetricFamily(
             "gpu_vram_used_ratio",
             "GPU memory in use on the replica (heartbeat or NVML), 0..1.",
@@ -76,6 +91,9 @@ class _LiveGauges(Collector):
             freshness.add_metric(name, row["freshness"])
             if row["metrics_age_s"] is not None:
                 age.add_metric(name, row["metrics_age_s"])
+            scrapes.add_metric(name, row.get("scrapes_total", 0))
+            if row.get("scrape_interval_s"):
+                interval.add_metric(name, row["scrape_interval_s"])
             if row["gpu_mem_used_frac"] is not None:
                 gpu_mem.add_metric(name, row["gpu_mem_used_frac"])
                 gpu_util.add_metric(name, row["gpu_util"])
@@ -86,7 +104,52 @@ class _LiveGauges(Collector):
         )
         for (model, bucket), depth in self._queue_depth().items():
             queue.add_metric([model, bucket], depth)
-        yield from (in_flight, healthy, freshness, age, gpu_mem, gpu_util, queue)
+        yield from (in_flight, healthy, freshness, age, scrapes, interval, gpu_mem, gpu_util, queue)
+
+
+class _DecisionShare(Collector):
+    """Each replica's share of the last `window` routing decisions, read at scrape time.
+
+    A window of decisions, not of time: the share means the same at any request rate and
+    any scrape interval, and one skewed burst shows up within `window` decisions.
+    """
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"decision window must be >= 1, got {window}")
+        self.window = window
+        self._ring: list[str | None] = [None] * window
+        self._at = 0
+        self._counts: dict[str, int] = {}
+
+    def record(self, replica: str) -> None:
+        ring, at, counts = self._ring, self._at, self._counts
+        old = ring[at]
+        if old is not None:
+            counts[old] -= 1
+        ring[at] = replica
+        counts[replica] = counts.get(replica, 0) + 1
+        self._at = (at + 1) % self.window
+
+    def collect(self) -> Iterator[Metric]:
+        share = GaugeMetricFamily(
+            "llm_gateway_routing_decision_share",
+            f"Each replica's share of the last {self.window} routing decisions "
+            "(retried attempts included), 0..1.",
+            labels=["replica"],
+        )
+        # A copy: nothing promises render() runs on the thread that records.
+        counts = list(self._counts.items())
+        seen = sum(n for _, n in counts)
+        for replica, n in counts:
+            if n > 0:
+                share.add_metric([replica], n / seen)
+        window = GaugeMetricFamily(
+            "llm_gateway_routing_decision_window",
+            "Routing decisions the share gauge currently covers (at most its window).",
+        )
+        window.add_metric([], seen)
+        yield from (share, window)
 
 
 class GatewayMetrics:
@@ -96,6 +159,7 @@ class GatewayMetrics:
         self,
         replica_state: Callable[[], Iterable[Mapping[str, Any]]],
         queue_depth: Callable[[], Mapping[tuple[str, str], int]] = dict,
+        decision_window: int = DECISION_WINDOW,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
@@ -130,6 +194,15 @@ class GatewayMetrics:
             ["model", "replica"],
             registry=self.registry,
         )
+        self._decisions = Counter(
+            "llm_gateway_routing_decisions",
+            "Routing decisions, one per upstream attempt (retries included), by replica and "
+            "branch.",
+            ["replica", "branch"],
+            registry=self.registry,
+        )
+        self._share = _DecisionShare(decision_window)
+        self.registry.register(self._share)
         self.registry.register(_LiveGauges(replica_state, queue_depth))
         # prometheus_client's .labels() costs microseconds; cache children per label tuple.
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -146,6 +219,11 @@ class GatewayMetrics:
     ) -> None:
         self._child(self._requests, model, replica, str(status), branch).inc()
         self._child(self._latency, model).observe(duration_s)
+
+    def decision(self, replica: str, branch: str) -> None:
+        """One routing decision (an attempt): where it went and by which branch."""
+        self._child(self._decisions, replica, branch).inc()
+        self._share.record(replica)
 
     def first_token(self, model: str, ttft_s: float) -> None:
         self._child(self._ttft, model).observe(ttft_s)

@@ -47,14 +47,23 @@ class RequestTrace:
     def set(self, **attributes: str | int | float | bool) -> None:
         self._span.set_attributes({f"llm_gateway.{k}": v for k, v in attributes.items()})
 
-    def attempt(self, replica: str, url: str) -> tuple[Span, dict[str, str]]:
+    def attempt(
+        self, replica: str, url: str, number: int, branch: str, total: float
+    ) -> tuple[Span, dict[str, str]]:
         """A client span for one upstream attempt, and the headers that carry it upstream."""
         ctx = trace.set_span_in_context(self._span)
         span = self._tracer.start_span(
             "upstream_attempt",
             context=ctx,
             kind=SpanKind.CLIENT,
-            attributes={"llm_gateway.replica": replica, "server.address": url},
+            attributes={
+                "llm_gateway.replica": replica,
+                "server.address": url,
+                # Why this attempt went there: the routing branch and the winner's total.
+                "llm_gateway.attempt": number,
+                "llm_gateway.branch": branch,
+                "llm_gateway.total": total,
+            },
         )
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))

@@ -28,12 +28,15 @@ from gateway.proxy.identity import ApiKeys
 from gateway.proxy.requests import Kind, ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.runtime import Runtime
+from routing.types import Branch
 from vllm_api.sse import DONE, SseError, SseParser
 
 log = logging.getLogger("llm_gateway.grpc")
 
 Metadata = tuple[tuple[str, str], ...]
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+# The model label of a request that failed before its model was read (or of an unknown model).
+_UNKNOWN_MODEL = "_unknown"
 
 
 class Context(Protocol):
@@ -109,6 +112,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         started = time.perf_counter()
         metadata = context.invocation_metadata() or ()
         rid = convert.request_id(metadata, self._rid_key)
+        parsed: ParsedRequest | None = None
         try:
             hints = convert.read_hints(metadata)
             self._authorize(metadata)
@@ -133,6 +137,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             # grpc would put the exception text in the status, and aiohttp's embed upstream URLs.
             log.exception("request %s: unexpected error", rid)
             failure = GrpcFailure(grpc.StatusCode.INTERNAL, FAILED)
+            if parsed is None:  # past parsing, `_serve` or the pipeline counted it
+                self._internal(_UNKNOWN_MODEL, started)
         await context.abort(failure.code, failure.message, failure.trailing_metadata(rid))
 
     async def _serve(
@@ -143,7 +149,15 @@ class InferenceService(pb_grpc.InferenceServicer):
         context: Context,
     ) -> Any:
         pipeline = self._runtime.pipeline
-        exchange = await pipeline.open(req, headers, started)
+        try:
+            exchange = await pipeline.open(req, headers, started)
+        except GatewayError:
+            raise  # counted by the pipeline
+        except Exception:
+            log.exception("request %s: unexpected error while routing", req.request_id)
+            known = req.model in self._runtime.pool.known_models()
+            self._internal(req.model if known else _UNKNOWN_MODEL, started)
+            raise GrpcFailure(grpc.StatusCode.INTERNAL, FAILED) from None
         ok = True
         try:
             if exchange.status != 200:
@@ -161,6 +175,11 @@ class InferenceService(pb_grpc.InferenceServicer):
             # Also on cancellation (client gone, deadline): closing the response cut the
             # upstream request, which is what frees the replica's slot.
             pipeline.finish(req, exchange, exchange.status, ok and exchange.status < 500)
+
+    def _internal(self, model: str, started: float) -> None:
+        """Count a request the gateway failed itself (as HTTP's 500) before any replica."""
+        elapsed = time.perf_counter() - started
+        self._runtime.metrics.request_done(model, "", 500, Branch.NONE, elapsed)
 
     @staticmethod
     def _decode_unary(shape: convert.Shape, exchange: Exchange) -> Any:

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.errors import (
     BadRequest,
     GatewayError,
+    InternalError,
     NoHealthyReplica,
     PayloadTooLarge,
     Unauthorized,
@@ -29,6 +30,7 @@ from gateway.proxy.requests import Kind, ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.replicas.gpu import apply_heartbeat
 from gateway.runtime import Runtime
+from routing.types import Branch
 from telemetry.metrics import CONTENT_TYPE
 from vllm_api.errors import error_body
 from vllm_api.sse import error_event
@@ -38,6 +40,10 @@ log = logging.getLogger("llm_gateway.http")
 
 _JSON = (b"content-type", b"application/json")
 _HOT_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# A worker heartbeat is a few small numbers: anything larger is refused while it arrives.
+_HEARTBEAT_LIMIT = 65536
+# The model label of a request refused before its model was read (or of an unknown model).
+_UNKNOWN_MODEL = "_unknown"
 
 
 class _ClientGone(Exception):
@@ -102,7 +108,7 @@ class GatewayApp:
             routes.append(Route("/metrics", self._metrics, methods=["GET"]))
         self._starlette = Starlette(
             routes=routes,
-            exception_handlers={HTTPException: self._http_error},
+            exception_handlers={HTTPException: self._http_error, Exception: self._internal_error},
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,13 +127,16 @@ class GatewayApp:
         if not any(k == b"authorization" and self._keys.accepts(v) for k, v in headers):
             raise Unauthorized("Invalid or missing API key.")
 
-    async def _read_body(self, headers: list[tuple[bytes, bytes]], receive: Receive) -> bytes:
+    async def _read_body(
+        self, headers: list[tuple[bytes, bytes]], receive: Receive, limit: int
+    ) -> bytes:
+        """The whole body, refused (413) as soon as it passes `limit` bytes, within a deadline."""
         for k, v in headers:
             if k == b"content-length":
                 if not v.isdigit():
                     raise BadRequest("Invalid Content-Length header.")
-                if int(v) > self._limit:
-                    raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+                if int(v) > limit:
+                    raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
         chunks: list[bytes] = []
         size = 0
         try:
@@ -138,8 +147,8 @@ class GatewayApp:
                         raise _ClientGone
                     chunk = message.get("body", b"")
                     size += len(chunk)
-                    if size > self._limit:
-                        raise PayloadTooLarge(f"Request body exceeds {self._limit} bytes.")
+                    if size > limit:
+                        raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
                     chunks.append(chunk)
                     if not message.get("more_body", False):
                         break
@@ -154,14 +163,23 @@ class GatewayApp:
         runtime = self.runtime
         try:
             self._authorize(headers)
-            body = await self._read_body(headers, receive)
+            body = await self._read_body(headers, receive, self._limit)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             parsed = hints.apply(parse_request(kind, body, request_id), hints.from_headers(headers))
         except _ClientGone:
             return
         except GatewayError as err:
+            self._refused(err, _UNKNOWN_MODEL, started)
             await _send_error(send, err, request_id)
+            return
+        except Exception:
+            # Last resort: a bug still gets vLLM's JSON body, never uvicorn's plain-text 500.
+            # (CancelledError is no Exception: a client gone or a shutdown still propagates.)
+            log.exception("request %s: unexpected error before routing", request_id)
+            internal = InternalError()
+            self._refused(internal, _UNKNOWN_MODEL, started)
+            await _send_error(send, internal, request_id)
             return
 
         # From here the client may vanish at any await: a watcher cancels this task if it does,
@@ -193,6 +211,11 @@ class GatewayApp:
             del self._open[task]
             watcher.cancel()
 
+    def _refused(self, err: GatewayError, model: str, started: float) -> None:
+        """Count a request the gateway answered itself, before any replica was chosen."""
+        elapsed = time.perf_counter() - started
+        self.runtime.metrics.request_done(model, "", err.status, Branch.NONE, elapsed)
+
     def _cut_streams(self) -> None:
         """Drain period over: end every open request now (its upstream is closed on the way)."""
         for task, cycle in self._open.items():
@@ -220,18 +243,34 @@ class GatewayApp:
         pipeline = self.runtime.pipeline
         try:
             exchange = await pipeline.open(req, headers, started)
-        except GatewayError as err:
+        except GatewayError as err:  # counted by the pipeline
             cycle.responded = True
             await _send_error(send, err, req.request_id)
             return
-        ok = True
+        except Exception:
+            log.exception("request %s: unexpected error while routing", req.request_id)
+            internal = InternalError()
+            known = req.model in self.runtime.pool.known_models()
+            self._refused(internal, req.model if known else _UNKNOWN_MODEL, started)
+            cycle.responded = True
+            await _send_error(send, internal, req.request_id)
+            return
+        ok, status = True, exchange.status
         try:
             ok = await self._relay(req, exchange, send, cycle)
+        except Exception:
+            ok = True  # the gateway failed, not the replica
+            if cycle.started or cycle.responded:
+                raise  # bytes went out: too late for an error body
+            log.exception("request %s: unexpected error before responding", req.request_id)
+            status = 500
+            cycle.responded = True
+            await _send_error(send, InternalError(), req.request_id)
         except BaseException:
             ok = True  # the client left (or shutdown): the replica did nothing wrong
             raise
         finally:
-            pipeline.finish(req, exchange, exchange.status, ok and exchange.status < 500)
+            pipeline.finish(req, exchange, status, ok and exchange.status < 500)
 
     async def _relay(
         self, req: ParsedRequest, exchange: Exchange, send: Send, cycle: _Cycle
@@ -288,14 +327,15 @@ class GatewayApp:
     async def _heartbeat(self, request: Request) -> Response:
         try:
             self._authorize(request.headers.raw)
-            body = await request.body()
-            if len(body) > 65536:
-                raise PayloadTooLarge("Heartbeat too large.")
+            # Read as it arrives: a huge (or endless) post is refused at the limit, not buffered.
+            body = await self._read_body(request.headers.raw, request.receive, _HEARTBEAT_LIMIT)
             try:
                 data = orjson.loads(body)
             except orjson.JSONDecodeError:
                 raise BadRequest("Invalid JSON in heartbeat.") from None
             apply_heartbeat(self.runtime.pool, data)
+        except _ClientGone:
+            return Response(status_code=400)  # nobody is left to read it
         except GatewayError as err:
             return Response(err.body(), status_code=err.status, media_type="application/json")
         return Response(status_code=204)
@@ -305,6 +345,10 @@ class GatewayApp:
 
     async def _method_not_allowed(self, _request: Request) -> Response:
         raise HTTPException(status_code=405)
+
+    async def _internal_error(self, _request: Request, _exc: Exception) -> Response:
+        # Starlette re-raises once this answer is out, so the server still logs the traceback.
+        return Response(InternalError().body(), status_code=500, media_type="application/json")
 
     async def _http_error(self, _request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class Admission:
             long_share=cfg.long_share,
         )
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._tickets = itertools.count()
         self.admitted_after_wait = 0
         self.rejected_full = 0
         self.rejected_timeout = 0
@@ -69,7 +71,8 @@ class Admission:
                 return route(), False
             except Saturated:
                 pass  # wait below; any other NoReplicaError is the caller's to answer
-        item = features.request_id or f"req-{id(features)}"
+        # Keyed by an id of our own: two clients may well send the same x-request-id.
+        item = str(next(self._tickets))
         since = time.monotonic()
         deadline = since + self.queue.max_wait_s
         loop = asyncio.get_running_loop()

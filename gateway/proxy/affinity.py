@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,6 +26,8 @@ log = logging.getLogger("llm_gateway.affinity")
 
 # Estimated prompt tokens (parse-time estimate) above which features are computed off the loop.
 _THREAD_ABOVE_TOKENS = 4096
+# Prefixed to a token-id prompt's bytes before its prompt hash: no text hashes the same.
+_IDS_KEY = b"\x00token-ids\x00"
 
 
 class Affinity:
@@ -69,32 +72,55 @@ class Affinity:
             return prompt[0]  # a batch of prompts: route on the first
         return ""
 
+    def _token_ids(self, req: ParsedRequest) -> list[int] | None:
+        """The prompt's token ids when the client sent ids (a batch: the first prompt's)."""
+        prompt: Any = req.data.get("prompt") if req.kind == "completions" else None
+        if not isinstance(prompt, list) or not prompt:
+            return None
+        first = prompt[0]
+        if isinstance(first, int):
+            return prompt
+        if isinstance(first, list) and first and isinstance(first[0], int):
+            return first
+        return None
+
     def _hashes(self, req: ParsedRequest, text: str) -> tuple[int, tuple[int, ...]]:
         # vLLM keys a LoRA adapter's blocks apart from the base model's: so does the index.
         extra = req.model.encode() if self._is_lora(req.model) else b""
-        prompt = req.data.get("prompt") if req.kind == "completions" else None
         if self.tokenizer is not None:
-            if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-                ids = prompt  # already token ids: exactly what vLLM caches
-            else:
-                # A rendered chat already carries the template's BOS; vLLM adds none to it.
-                tok = self.tokenizer
-                ids = tok.encode_plain(text) if req.kind == "chat" else tok.encode(text)
+            # A rendered chat already carries the template's BOS; vLLM adds none to it.
+            tok = self.tokenizer
+            ids = tok.encode_plain(text) if req.kind == "chat" else tok.encode(text)
             hashes = block_hashes(ids, self.cfg.block_size, extra=extra)
             return len(ids), tuple(hashes)
         hashes = char_block_hashes(text, self.cfg.block_chars, extra=extra)
         # No tokenizer: about 4 characters per token, as the length buckets expect.
         return len(text) // 4, tuple(hashes)
 
+    def _id_digest(self, req: ParsedRequest, ids: list[int]) -> tuple[int, int, tuple[int, ...]]:
+        # Token ids are exactly what vLLM caches: blocks of the replicas' block size with a
+        # tokenizer, else of block_tokens (so matched blocks x block_tokens stays the tokens).
+        extra = req.model.encode() if self._is_lora(req.model) else b""
+        size = self.cfg.block_size if self.tokenizer is not None else self.block_tokens
+        hashes = tuple(block_hashes(ids, size, extra=extra))
+        # Keyed apart from text prompts; ids are < 2**32 (parse_request checked them).
+        whole = prompt_hash(req.model, _IDS_KEY + array("I", ids).tobytes())
+        return len(ids), whole, hashes
+
     def digest(self, req: ParsedRequest) -> tuple[int, int, tuple[int, ...]] | None:
         """(prompt tokens, prompt hash, block hashes): pure, so it may run in a worker thread."""
+        # Odd but valid input (content parts the template can't take, ids the tokenizer or the
+        # hashes refuse) is the replica's to judge: without features it is routed by load.
         try:
+            ids = self._token_ids(req)
+            if ids is not None:
+                return self._id_digest(req, ids)
             text = self.prompt_text(req)
-        except Exception as exc:  # a template error is the replica's to report, not ours
-            log.debug("chat template failed for %s: %s", req.request_id, exc)
+            tokens, hashes = self._hashes(req, text)
+            return tokens, prompt_hash(req.model, text), hashes
+        except Exception as exc:
+            log.debug("no features for %s: %s: %s", req.request_id, type(exc).__name__, exc)
             return None
-        tokens, hashes = self._hashes(req, text)
-        return tokens, prompt_hash(req.model, text), hashes
 
     def lookup(
         self,

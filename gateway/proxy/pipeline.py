@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
+
+import orjson
 
 from gateway.config import GatewayConfig
 from gateway.errors import (
@@ -27,10 +31,68 @@ from telemetry.metrics import GatewayMetrics
 from telemetry.tracing import RequestTrace, Tracing, end_attempt, inject_headers
 
 log = logging.getLogger("llm_gateway.pipeline")
+# One DEBUG line per routing decision (see README, Observability): its own logger, so it can be
+# turned on without the rest of the pipeline's debug output.
+decision_log = logging.getLogger("llm_gateway.decision")
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # An error body from a failing replica is read only to be logged, and only this much of it.
 _ERROR_BODY_LOG_LIMIT = 512
+# A decision line names the replicas holding the longest prefixes of the prompt, this many.
+_PREFIX_MATCH_LOG_LIMIT = 4
+# A logfmt value printed bare; anything else is JSON-quoted.
+_BARE = re.compile(r"[^\s\"=\\]+")
+
+
+def _logfmt(value: object) -> str:
+    if value is None:
+        return "-"
+    text = str(value)
+    return text if _BARE.fullmatch(text) else orjson.dumps(text).decode()
+
+
+def _pairs(items: Iterable[tuple[str, str]]) -> str:
+    return ",".join(f"{k}:{v}" for k, v in items) or "-"
+
+
+def decision_line(
+    router: Router,
+    req: ParsedRequest,
+    features: RequestFeatures,
+    decision: Decision,
+    attempt: int,
+    tried: Sequence[str],
+    router_branch: Branch,
+) -> str:
+    """The logfmt record of one routing decision: what was chosen, and every input to why."""
+    chosen = decision.replica.name
+    affinity, kind = router.affinity(features)
+    match = sorted(features.prefix_match.items(), key=lambda kv: (-kv[1], kv[0]))
+    totals = sorted(router.totals(decision).items(), key=lambda kv: (-kv[1], kv[0]))
+    # The chosen replica's unweighted score from each scorer.
+    scores = ((name, f"{by[chosen]:.4f}") for name, by in decision.scores.items() if chosen in by)
+    fields: tuple[tuple[str, object], ...] = (
+        ("request_id", req.request_id),
+        ("model", req.model),
+        ("attempt", attempt),
+        ("replica", chosen),
+        ("branch", decision.branch),
+        ("router_branch", router_branch),
+        ("total", f"{decision.total:.4f}"),
+        ("candidates", decision.candidates),
+        ("tried", ",".join(tried) or None),
+        ("prompt_cache", features.prompt_cache_replica),
+        ("session", features.session_replica),
+        ("prefix_home", features.prefix_home_replica),
+        ("affinity", affinity),
+        ("affinity_kind", kind),
+        ("blocks", len(features.block_hashes)),
+        ("prefix_holders", len(match)),
+        ("prefix_match", _pairs((r, str(n)) for r, n in match[:_PREFIX_MATCH_LOG_LIMIT])),
+        ("scores", _pairs(scores)),
+        ("totals", _pairs((r, f"{t:.4f}") for r, t in totals)),
+    )
+    return " ".join(f"{key}={_logfmt(value)}" for key, value in fields)
 
 
 class _Retryable(Exception):
@@ -110,14 +172,17 @@ class Pipeline:
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
         features = await self._affinity.features_off_loop(req, client_headers)
+        # Once per request: with DEBUG off a decision costs no formatting at all.
+        debug = decision_log.isEnabledFor(logging.DEBUG)
         tried: list[str] = []
         last: GatewayError | None = None
         for attempt in range(1 + self._cfg.max_retries):
             try:
                 if attempt == 0:
-                    decision = await self._first_route(features)
+                    decision, waited = await self._first_route(features)
                 else:
                     decision = self._router.route(features, self._pool.snapshots(), tried)
+                    waited = False
             except NoReplicaError as exc:
                 if last is not None:
                     raise last from None
@@ -125,7 +190,18 @@ class Pipeline:
                 raise NoHealthyReplica(
                     f"No healthy replica is serving model `{req.model}`."
                 ) from None
+            routed = decision.branch
+            if waited:
+                decision = replace(decision, branch=Branch.QUEUED)
             name = decision.replica.name
+            self._metrics.decision(name, decision.branch)
+            if debug:
+                decision_log.debug(
+                    "%s",
+                    decision_line(
+                        self._router, req, features, decision, attempt + 1, tried, routed
+                    ),
+                )
             lease = self._pool.acquire(name)
             replica = lease.replica
             # Counted as queued prefill on the replica until its first byte arrives.
@@ -135,7 +211,9 @@ class Pipeline:
             replica.queued_prefill_tokens += prefill
             span, sent = None, headers
             if rtrace is not None:
-                span, carrier = rtrace.attempt(name, decision.replica.url)
+                span, carrier = rtrace.attempt(
+                    name, decision.replica.url, attempt + 1, decision.branch, decision.total
+                )
                 sent = inject_headers(headers, carrier)
             try:
                 exchange = await self._attempt(req, sent, decision, lease, started)
@@ -171,15 +249,14 @@ class Pipeline:
         assert last is not None
         raise last
 
-    async def _first_route(self, features: RequestFeatures) -> Decision:
+    async def _first_route(self, features: RequestFeatures) -> tuple[Decision, bool]:
         """Route, or wait in the admission queue while every replica is saturated."""
         pool, router = self._pool, self._router
         if self._admission is None:
-            return router.route(features, pool.snapshots())
-        decision, waited = await self._admission.admit(
+            return router.route(features, pool.snapshots()), False
+        return await self._admission.admit(
             features, lambda: router.route(features, pool.snapshots())
         )
-        return replace(decision, branch=Branch.QUEUED) if waited else decision
 
     def _release(self, lease: Lease, ok: bool) -> None:
         lease.release(ok, self._passive_threshold)

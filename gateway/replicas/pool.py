@@ -103,6 +103,8 @@ class ReplicaPool:
                 "healthy": r.healthy,
                 "metrics_age_s": now - r.scraped_at if r.metrics is not None else None,
                 "freshness": r.freshness(now),
+                "scrapes_total": r.scrapes_total,
+                "scrape_interval_s": r.scrape_interval_s,
                 "gpu_mem_used_frac": r.gpu_mem_used_frac,
                 "gpu_util": r.gpu_util,
             }

@@ -1,16 +1,19 @@
-"""Per-replica score loop: scrape vLLM's /metrics, keep windowed latencies, track freshness."""
+"""Per-replica score loop: scrape /metrics at an adaptive cadence, keep windowed latencies."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import aiohttp
 
 from gateway.config import ScoreLoopConfig
+from gateway.replicas.cadence import NEVER, Bounds, Budget, Observation, due_at, next_interval
 from gateway.replicas.state import ReplicaState
 from vllm_api.metrics import VllmMetrics, parse_vllm_metrics, quantile_from_deltas
 
@@ -23,6 +26,23 @@ def restarted(old: VllmMetrics, new: VllmMetrics) -> bool:
     if old.prefix_queries is not None and new.prefix_queries is not None:
         pairs.append((old.prefix_queries, new.prefix_queries))
     return any(now < before for before, now in pairs)
+
+
+@dataclass(slots=True)
+class _Pace:
+    """The score loop's own record of one replica's cadence (cadence.py decides from it)."""
+
+    budget: Budget
+    # Acquisitions ever (finished + in flight), to tell when a request was last routed here.
+    acquired: int
+    routed_at: float = NEVER
+    last_attempt: float = NEVER
+    prev: Observation | None = None
+    last: Observation | None = None
+    # The interval that led to `last`, and the one planned from it (only ever shortened
+    # between two scrapes, so the freshness promised by ReplicaState.scrape_interval_s holds).
+    previous_s: float = 0.0
+    interval_s: float = 0.0
 
 
 class ScoreLoop:
@@ -46,9 +66,23 @@ class ScoreLoop:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
         self._history: dict[str, deque[tuple[float, VllmMetrics]]] = {}
+        self._bounds = Bounds.of(cfg)
+        self._paces: dict[str, _Pace] = {}
+
+    def _pace(self, replica: ReplicaState, now: float) -> _Pace:
+        pace = self._paces.get(replica.name)
+        if pace is None:
+            acquired = replica.requests_total + replica.in_flight
+            pace = self._paces[replica.name] = _Pace(Budget.full(self._bounds, now), acquired)
+        return pace
 
     async def scrape(self, replica: ReplicaState) -> bool:
         """One scrape; False (and the old values kept, ageing) when it fails."""
+        now = time.monotonic()
+        pace = self._pace(replica, now)
+        # Failed attempts count: a stalled replica is a busy one.
+        pace.last_attempt, pace.budget = now, pace.budget.spend(self._bounds, now)
+        replica.scrapes_total += 1
         try:
             async with self._session.get(
                 replica.config.url + "/metrics", timeout=self._timeout
@@ -60,11 +94,39 @@ class ScoreLoop:
         except (aiohttp.ClientError, ConnectionError, TimeoutError, UnicodeDecodeError):
             replica.scrape_errors += 1
             return False
-        now = time.monotonic()
-        metrics = parse_vllm_metrics(text)
-        self._apply(replica, metrics, now)
+        self.record(replica, parse_vllm_metrics(text), time.monotonic())
         self._on_scrape()
         return True
+
+    def record(self, replica: ReplicaState, m: VllmMetrics, now: float) -> None:
+        """A good scrape: into the replica's state, and the next one planned from it."""
+        self._apply(replica, m, now)
+        pace = self._pace(replica, now)
+        pace.prev = pace.last
+        pace.last = Observation(now, m.running, m.waiting, m.kv_usage, replica.in_flight)
+        pace.previous_s = pace.interval_s
+        pace.interval_s = math.inf  # planned afresh by due()
+        replica.scrape_interval_s = math.inf
+        self.due(replica, now)
+
+    def due(self, replica: ReplicaState, now: float) -> float:
+        """When this replica's next scrape starts; re-planned on each call (cheap, no I/O)."""
+        pace = self._pace(replica, now)
+        acquired = replica.requests_total + replica.in_flight
+        if acquired != pace.acquired:
+            pace.acquired, pace.routed_at = acquired, now
+        last = pace.last
+        if last is None:  # never scraped, or restarted: as soon as the bounds allow
+            return due_at(self._bounds, now, 0.0, pace.budget, pace.last_attempt, now)
+        interval = next_interval(
+            self._bounds, pace.prev, last, pace.previous_s, replica.in_flight, now - pace.routed_at
+        )
+        pace.interval_s = min(pace.interval_s, interval)
+        due = due_at(self._bounds, last.at, pace.interval_s, pace.budget, pace.last_attempt, now)
+        # What freshness counts lateness from: brought forward between scrapes, never before
+        # now (the values were good until we wanted new ones), never pushed back.
+        replica.scrape_interval_s = min(replica.scrape_interval_s, max(due, now) - last.at)
+        return due
 
     def _apply(self, replica: ReplicaState, m: VllmMetrics, now: float) -> None:
         old = replica.metrics
@@ -76,6 +138,9 @@ class ScoreLoop:
             )
             # Latency windows must not span two processes (their deltas would go negative).
             self._history.pop(replica.name, None)
+            pace = self._paces.get(replica.name)
+            if pace is not None:
+                pace.last = None  # its dynamics start afresh too
             self._on_restart(replica.name)
             old = None  # and its cache size is told again, to the emptied index
         if m.num_gpu_blocks and (old is None or old.num_gpu_blocks != m.num_gpu_blocks):
@@ -101,12 +166,12 @@ class ScoreLoop:
         replica.error_rate = failed / (ok + failed) if ok + failed > 0 else None
 
     async def run(self, replica: ReplicaState) -> None:
-        """Scrape forever at the configured interval (cancelled by the owner)."""
-        loop = asyncio.get_running_loop()
-        interval = self._cfg.scrape_interval_s
-        next_at = loop.time()
+        """Scrape whenever due() says, forever (cancelled by the owner)."""
         while True:
-            await self.scrape(replica)
-            # Fixed cadence: a slow scrape doesn't push every later one back.
-            next_at = max(next_at + interval, loop.time())
-            await asyncio.sleep(next_at - loop.time())
+            now = time.monotonic()
+            due = self.due(replica, now)
+            if due <= now:
+                await self.scrape(replica)
+                continue
+            # Awake at the fastest cadence: a burst routed here brings the next scrape forward.
+            await asyncio.sleep(min(due - now, self._bounds.fastest_s))

@@ -10,7 +10,7 @@ from gateway.config import ReplicaConfig
 from routing.types import ReplicaSnapshot
 from vllm_api.metrics import VllmMetrics
 
-# Scraped values older than `stale_after` lose trust linearly and reach none at this multiple.
+# A scrape `stale_after` late loses trust linearly from there, to none this many times later.
 _STALE_SPAN = 4.0
 
 
@@ -36,6 +36,10 @@ class ReplicaState:
     scraped_at: float = 0.0
     in_flight_at_scrape: int = 0
     scrape_errors: int = 0
+    # Cadence (score_loop.py): attempts sent, and the seconds from the last good scrape to the
+    # next one planned (0: no plan, freshness counts the plain age).
+    scrapes_total: int = 0
+    scrape_interval_s: float = 0.0
     ttft_p50_s: float | None = None
     ttft_p99_s: float | None = None
     itl_p99_s: float | None = None
@@ -64,14 +68,17 @@ class ReplicaState:
         return self.config.name
 
     def freshness(self, now: float) -> float:
-        """1 for a recent scrape, falling linearly to 0; 0 when never scraped."""
+        """1 until the planned scrape is `stale_after_s` late, falling linearly to 0 after."""
         if self.metrics is None:
             return 0.0
-        age = now - self.scraped_at
+        # Lateness, not age: the loop scrapes less often while the gateway's own accounting
+        # explains the replica, and those values are as good as new; only a scrape that was
+        # due and has not come (the replica fails, or stalls) costs trust.
+        late = now - self.scraped_at - self.scrape_interval_s
         stale = self.stale_after_s
-        if age <= stale:
+        if late <= stale:
             return 1.0
-        return max(0.0, 1.0 - (age - stale) / (_STALE_SPAN * stale))
+        return max(0.0, 1.0 - (late - stale) / (_STALE_SPAN * stale))
 
     def freshness_now(self) -> float:
         """Freshness at this instant, with the configured staleness bound (tests, metrics)."""

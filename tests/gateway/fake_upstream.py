@@ -10,6 +10,15 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from gateway.config import GatewayConfig, ReplicaConfig
+from gateway.proxy.admission import Admission
+from gateway.proxy.affinity import Affinity
+from gateway.proxy.pipeline import Pipeline
+from gateway.replicas.pool import ReplicaPool
+from gateway.runtime import build_router
+from telemetry.metrics import GatewayMetrics
+from telemetry.tracing import Tracing
+
 # Where an answer stops making progress: before its headers, before its first byte, or after
 # its chunks (an idle stream). Only the pipeline's own deadlines or a cancellation end it.
 Hang = Literal["headers", "first_byte", "after_chunks"]
@@ -136,3 +145,51 @@ class FakeUpstream:
         response = FakeResponse(answer, orjson.loads(body).get("stream") is True, self.waiting)
         self.responses.append(response)
         return response
+
+
+def replica_configs(n: int, model: str) -> tuple[ReplicaConfig, ...]:
+    """`n` replicas r0, r1, ... serving `model` (their URLs are only the fake's keys)."""
+    return tuple(
+        ReplicaConfig(url=f"http://r{i}:8000", name=f"r{i}", models=(model,)) for i in range(n)
+    )
+
+
+@dataclass
+class PipelineRig:
+    """A Pipeline over healthy replicas and a FakeUpstream, with what the tests inspect."""
+
+    pipeline: Pipeline
+    pool: ReplicaPool
+    metrics: GatewayMetrics
+    upstream: FakeUpstream
+    admission: Admission | None = None
+
+    def in_flight(self) -> dict[str, int]:
+        return {r.name: r.in_flight for r in self.pool}
+
+    def idle(self) -> bool:
+        """No lease is held and no prefill is counted anywhere."""
+        return all(r.in_flight == 0 and r.queued_prefill_tokens == 0 for r in self.pool)
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def retries(self, replica: str, reason: str) -> float:
+        return self.sample("llm_gateway_upstream_retries_total", replica=replica, reason=reason)
+
+
+def pipeline_rig(
+    upstream: FakeUpstream,
+    cfg: GatewayConfig,
+    admission: bool = False,
+    tracing: Tracing | None = None,
+) -> PipelineRig:
+    """The pipeline the runtime would build from `cfg`, every replica healthy, no sockets."""
+    pool = ReplicaPool.from_configs(cfg.replicas)
+    for replica in pool:
+        replica.healthy = True
+    metrics = GatewayMetrics(pool.live_rows)
+    affinity = Affinity(cfg.cache_index, pool.is_lora, cfg.admission.buckets)
+    queue = Admission(cfg.admission) if admission else None
+    pipeline = Pipeline(cfg, pool, build_router(cfg), upstream, metrics, affinity, queue, tracing)
+    return PipelineRig(pipeline, pool, metrics, upstream, queue)

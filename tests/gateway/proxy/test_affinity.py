@@ -126,3 +126,22 @@ def test_history_ratio_keeps_a_prefix_beyond_the_replicas_cache(
         aff.record(feats(f"unrelated {i} " * 70, f"u{i}"), "rep")
     again = feats("group system prompt " * 40, "g2")
     assert (again.prefix_match.get("rep") == len(group.block_hashes)) is remembered
+
+
+@pytest.mark.parametrize("tokenizer", ["builtin", ""])
+def test_token_id_prompts_are_hashed_by_their_ids(tokenizer: str) -> None:
+    aff = _affinity(tokenizer)
+
+    def features(prompt: object) -> RequestFeatures:
+        body = orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 1})
+        return aff.features(parse_request("completions", body, "r"), [])
+
+    ids = list(range(100, 164))
+    a, b = features(ids), features([*ids[:-1], 7])
+    # Distinct prompts, distinct prompt hashes (all id prompts once hashed as ""), same blocks.
+    assert a.prompt_hash != b.prompt_hash and a.prompt_hash == features(ids).prompt_hash
+    assert a.prompt_hash != features("hello").prompt_hash
+    assert a.prompt_tokens == 64 and features([ids]).prompt_hash == a.prompt_hash
+    size = 16 if tokenizer else aff.block_tokens
+    assert a.block_hashes == tuple(block_hashes(ids, size))
+    assert a.block_hashes[:-1] == b.block_hashes[:-1] != ()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 import orjson
 import pytest
@@ -12,19 +11,20 @@ import pytest
 from gateway.config import (
     GatewayConfig,
     HealthCheckConfig,
-    ReplicaConfig,
     RoutingConfig,
     UpstreamConfig,
 )
 from gateway.errors import GatewayError, UpstreamFailed, UpstreamTimeout
-from gateway.proxy.affinity import Affinity
-from gateway.proxy.pipeline import Pipeline
 from gateway.proxy.requests import ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
-from gateway.replicas.pool import ReplicaPool
-from gateway.runtime import build_router
-from telemetry.metrics import GatewayMetrics
-from tests.gateway.fake_upstream import Answer, FakeClientError, FakeUpstream
+from tests.gateway.fake_upstream import (
+    Answer,
+    FakeClientError,
+    FakeUpstream,
+    PipelineRig,
+    pipeline_rig,
+    replica_configs,
+)
 
 MODEL = "m"
 # Long enough to cost prefill: the pipeline counts it on the replica until the first byte.
@@ -33,50 +33,21 @@ PROMPT = "word " * 80
 FAST = 0.05
 
 
-@dataclass
-class Rig:
-    pipeline: Pipeline
-    pool: ReplicaPool
-    metrics: GatewayMetrics
-    upstream: FakeUpstream
-
-    def in_flight(self) -> dict[str, int]:
-        return {r.name: r.in_flight for r in self.pool}
-
-    def idle(self) -> bool:
-        """No lease is held and no prefill is counted anywhere."""
-        return all(r.in_flight == 0 and r.queued_prefill_tokens == 0 for r in self.pool)
-
-    def retries(self, replica: str, reason: str) -> float:
-        labels = {"replica": replica, "reason": reason}
-        value = self.metrics.registry.get_sample_value("llm_gateway_upstream_retries_total", labels)
-        return value or 0.0
-
-
 def rig(
     upstream: FakeUpstream,
     replicas: int = 2,
     threshold: int = 100,
     **upstream_cfg: float,
-) -> Rig:
+) -> PipelineRig:
     """A pipeline over `replicas` healthy replicas r0, r1, ... served by `upstream`."""
     cfg = GatewayConfig(
         upstream=UpstreamConfig(**upstream_cfg),  # type: ignore[arg-type]
         health_check=HealthCheckConfig(passive_failure_threshold=threshold),
         # Every replica in turn, whatever the cache would prefer: retries are what's tested.
         routing=RoutingConfig(profile="round_robin"),
-        replicas=tuple(
-            ReplicaConfig(url=f"http://r{i}:8000", name=f"r{i}", models=(MODEL,))
-            for i in range(replicas)
-        ),
+        replicas=replica_configs(replicas, MODEL),
     )
-    pool = ReplicaPool.from_configs(cfg.replicas)
-    for replica in pool:
-        replica.healthy = True
-    metrics = GatewayMetrics(pool.live_rows)
-    affinity = Affinity(cfg.cache_index, pool.is_lora)
-    pipeline = Pipeline(cfg, pool, build_router(cfg), upstream, metrics, affinity, None)
-    return Rig(pipeline, pool, metrics, upstream)
+    return pipeline_rig(upstream, cfg)
 
 
 def chat(stream: bool = False) -> ParsedRequest:
@@ -84,7 +55,7 @@ def chat(stream: bool = False) -> ParsedRequest:
     return parse_request("chat", orjson.dumps(body), "rid-1")
 
 
-async def serve(r: Rig, req: ParsedRequest) -> tuple[Exchange, bytes, bool]:
+async def serve(r: PipelineRig, req: ParsedRequest) -> tuple[Exchange, bytes, bool]:
     """What a front end does: open, relay every chunk, finish once; (exchange, body, ok)."""
     exchange = await r.pipeline.open(req, [], time.perf_counter())
     body, ok = bytearray(), True
@@ -98,7 +69,7 @@ async def serve(r: Rig, req: ParsedRequest) -> tuple[Exchange, bytes, bool]:
     return exchange, bytes(body), ok
 
 
-async def refused(r: Rig, req: ParsedRequest) -> GatewayError:
+async def refused(r: PipelineRig, req: ParsedRequest) -> GatewayError:
     with pytest.raises(GatewayError) as info:
         await serve(r, req)
     return info.value

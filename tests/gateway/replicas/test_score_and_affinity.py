@@ -43,7 +43,7 @@ async def test_score_loop_reads_replica_metrics(
     asgi_gateway: InProcessGateway, fleet: SimFleet
 ) -> None:
     pool = asgi_gateway.runtime.pool
-    # Scrapes run every 100 ms; on a loaded machine one may age past 1 s, so poll.
+    # Fresh = no scrape more than 1 s late; on a loaded machine one may be, so poll.
     await eventually(lambda: all(s.freshness == 1.0 for s in pool.snapshots()), what="fresh")
     for snap in pool.snapshots():
         assert snap.cache_capacity_tokens == SIM.block_size * SIM.num_gpu_blocks
@@ -56,9 +56,14 @@ async def test_score_loop_reads_replica_metrics(
 
 
 async def test_stale_metrics_lose_trust(fleet: SimFleet) -> None:
-    cfg = gateway_config(
-        fleet, score_loop=ScoreLoopConfig(scrape_interval_s=0.05, stale_after_s=0.1)
+    fixed_fast = ScoreLoopConfig(
+        scrape_interval_s=0.05,
+        steady_scrape_interval_s=0.05,
+        idle_scrape_interval_s=0.05,
+        max_scrapes_per_s=20.0,
+        stale_after_s=0.1,
     )
+    cfg = gateway_config(fleet, score_loop=fixed_fast)
     async with in_process(cfg) as gw:
         sim0 = gw.runtime.pool["sim-0"]
         assert sim0.freshness_now() == 1.0
