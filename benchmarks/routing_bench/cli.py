@@ -14,6 +14,7 @@ from typing import Any
 
 from benchmarks.routing_bench.fleet import FleetError, SimParams
 from benchmarks.routing_bench.gateway_contender import BUILTIN_MODES
+from benchmarks.routing_bench.goodput import DEFAULT_SLOS
 from benchmarks.routing_bench.suite import SuiteConfig, run_suite
 from benchmarks.routing_bench.workloads import WORKLOADS, FleetSize, WorkloadError, make_workload
 
@@ -119,6 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WORKLOAD.KEY=VALUE",
         help="set one workload parameter, e.g. shared_prefix.popularity=1 (repeatable)",
     )
+    parser.add_argument(
+        "--slo",
+        default=None,
+        help="comma-separated TTFT p90 SLOs in seconds for the report's goodput (default: "
+        + ",".join(f"{s:g}" for s in DEFAULT_SLOS)
+        + ")",
+    )
     parser.add_argument("--time-scale", type=float, default=1.0, help="simulator clock speed-up")
     parser.add_argument("--stream-interval", type=int, default=8, help="tokens per SSE chunk")
 
@@ -135,6 +143,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
     if args.rates:
         fixed = tuple(float(x) for x in args.rates.split(","))
         ladder = dict.fromkeys(names, fixed)
+    slos = _slos(args.slo) if getattr(args, "slo", None) else DEFAULT_SLOS
     block = 32 if vllm else 16
     sim = SimParams(
         replicas=args.replicas or (2 if vllm else 8),
@@ -167,7 +176,19 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         peers=tuple(args.peers.split(",")) if args.peers else None,
         overrides=_overrides(names, vllm, args.param or ()),
         command=_command(args),
+        slos=slos,
     )
+
+
+def _slos(text: str) -> tuple[float, ...]:
+    """--slo 1,2: positive seconds, or a ValueError before any fleet starts."""
+    try:
+        slos = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--slo {text!r}: expected comma-separated seconds, e.g. 1,2") from None
+    if not all(s > 0 for s in slos):
+        raise ValueError(f"--slo {text!r}: every SLO must be > 0 seconds")
+    return slos
 
 
 def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -193,7 +214,7 @@ def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str,
 
 _OPTIONS = ("quick", "fleet", "out", "workloads", "rates", "step_s", "gateway", "peers", "no_peers",
             "custom_profiles", "variants", "seed", "seeds", "seeds_for", "param", "replicas",
-            "num_gpu_blocks", "time_scale", "stream_interval")  # fmt: skip
+            "num_gpu_blocks", "time_scale", "stream_interval", "slo")  # fmt: skip
 
 
 def _command(args: argparse.Namespace) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.routing_bench import goodput
 from benchmarks.routing_bench.targets import best_by_seed, best_profile, evaluate, top_load
 
 REQUIRED = (
@@ -106,13 +107,24 @@ def write_results(
     rows: Sequence[Mapping[str, Any]],
     seed_rows: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """results.json: {"meta", "rows", "seed_rows"}; every required key on every row.
+    """results.json: {"meta", "goodput", "rows", "seed_rows"}; every required key on every row.
 
     rows: one per contender x workload x load, folded over seeds (benchmarks.routing_bench
     .aggregate); seed_rows: the per-seed rows they were folded from.
     """
     full = [{**{k: None for k in REQUIRED}, **r} for r in rows]
-    data = {"meta": meta, "rows": full, "seed_rows": list(seed_rows)}
+    slos = goodput.slos_of(meta)
+    found = goodput.compute(rows, seed_rows, slos)
+    data = {
+        "meta": meta,
+        "goodput": {
+            "slos_s": list(slos),
+            "min_success": goodput.MIN_SUCCESS,
+            "rows": [g.as_json() for g in found],
+        },
+        "rows": full,
+        "seed_rows": list(seed_rows),
+    }
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
@@ -122,7 +134,7 @@ def render_markdown(
     plots: Sequence[str],
     seed_rows: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """The Markdown report: machine, parameters, targets, one table per workload, plots."""
+    """The Markdown report: goodput, machine, parameters, targets, tables per workload, plots."""
     sim = meta.get("fleet", {}).get("fleet") == "sim"
     tag = " (simulated)" if sim else ""
     md = [f"# Routing benchmark{tag}: {meta.get('date', '')}", ""]
@@ -135,6 +147,9 @@ def render_markdown(
         ]
     if meta.get("note"):
         md += [f"Note: {meta['note']}", ""]
+    slos = goodput.slos_of(meta)
+    n_seeds = len({r.get("seed") for r in seed_rows if r.get("status") == "ok"})
+    md += [*goodput.render(goodput.compute(rows, seed_rows, slos), slos, n_seeds), ""]
     md += ["## Machine and versions", ""]
     for k, v in (meta.get("machine") or {}).items():
         md.append(f"- {k}: {v}")

@@ -19,6 +19,7 @@ from benchmarks.routing_bench.aggregate import fold_seeds
 from benchmarks.routing_bench.contenders import Contender, ContenderUnavailable
 from benchmarks.routing_bench.fleet import RunningFleet, SimParams, start_sim, start_vllm_cpu
 from benchmarks.routing_bench.gateway_contender import GatewayMode, gateway_contenders
+from benchmarks.routing_bench.goodput import DEFAULT_SLOS
 from benchmarks.routing_bench.plots import iter_plots
 from benchmarks.routing_bench.report import render_markdown, write_report
 from benchmarks.routing_bench.runner import Plan, RunError, run_one
@@ -49,6 +50,7 @@ class SuiteConfig:
     peers: tuple[str, ...] | None = None  # None: every peer
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload -> sizes
     command: str = ""
+    slos: tuple[float, ...] = DEFAULT_SLOS  # TTFT p90 SLOs (s) the report's goodput is read at
 
 
 def custom_modes(path: Path) -> tuple[GatewayMode, ...]:
@@ -190,6 +192,7 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": cfg.command,
         "seeds": list(cfg.seeds),
+        "slos": list(cfg.slos),
         "seeds_for": list(cfg.seeds_for) if cfg.seeds_for is not None else list(cfg.workloads),
         "machine": machine,
         "fleet": {

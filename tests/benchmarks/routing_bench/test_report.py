@@ -91,7 +91,9 @@ def test_report_writer(tmp_path: Path) -> None:
     assert "FAIL: 1.10x gateway:round_robin" in md
     assert "- litellm:least-busy: HTTP 500 x9" in md
     assert "![shared_prefix_ttft_p90](shared_prefix_ttft_p90.png)" in md
-    assert md.count("| gateway:default |") == 3
+    # Two goodput tables (1 s, 2 s SLOs), then one row per workload table.
+    assert md.count("| gateway:default |") == 2 + 3
+    assert md[md.index("## Results per workload") :].count("| gateway:default |") == 3
     assert "## CPU saturation and contention" in md
 
 
