@@ -33,10 +33,15 @@ class ServerConfig:
     request_id_header: str = "x-request-id"
     # Gateway API keys; empty = no authentication at the gateway.
     api_keys: tuple[str, ...] = ()
+    # Keys of /admin/* and /metrics; empty = /admin/* answers loopback clients only.
+    admin_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        # A key in both lists would let every API client reach the admin routes.
+        if set(self.api_keys) & set(self.admin_keys):
+            raise ValueError("admin_keys must not repeat a key of api_keys")
         _positive("max_body_bytes", self.max_body_bytes)
         _positive("drain_timeout_s", self.drain_timeout_s)
         _positive("request_receive_timeout_s", self.request_receive_timeout_s)

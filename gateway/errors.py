@@ -70,6 +70,10 @@ class Unauthorized(GatewayError):
     status = 401
 
 
+class Forbidden(GatewayError):
+    status = 403
+
+
 class NoHealthyReplica(GatewayError):
     status = 503
 

@@ -17,6 +17,7 @@ ERROR_TYPES: Mapping[int, str] = MappingProxyType(
     {
         400: "BadRequestError",
         401: "AuthenticationError",
+        403: "PermissionDeniedError",
         404: "NotFoundError",
         405: "MethodNotAllowedError",
         408: "RequestTimeoutError",

@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import (
     BadRequest,
+    Forbidden,
     GatewayError,
     InternalError,
     NoHealthyReplica,
@@ -25,7 +26,7 @@ from gateway.errors import (
 )
 from gateway.proxy import hints
 from gateway.proxy.headers import client_response_headers
-from gateway.proxy.identity import ApiKeys, new_request_id, request_id
+from gateway.proxy.identity import ApiKeys, is_loopback, new_request_id, request_id
 from gateway.proxy.requests import Kind, ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.replicas.gpu import apply_heartbeat
@@ -78,6 +79,10 @@ async def _send_error(send: Send, err: GatewayError, request_id: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _error_response(err: GatewayError) -> Response:
+    return Response(err.body(), status_code=err.status, media_type="application/json")
+
+
 def _request_id(headers: list[tuple[bytes, bytes]], header: bytes) -> str:
     for k, v in headers:
         if k == header:
@@ -97,6 +102,7 @@ class GatewayApp:
         self._receive_timeout = cfg.request_receive_timeout_s
         self._rid_header = cfg.request_id_header.lower().encode()
         self._keys = ApiKeys(cfg.api_keys)
+        self._admin_keys = ApiKeys(cfg.admin_keys)
         routes = [
             Route("/health", self._health, methods=["GET"]),
             Route("/ready", self._ready, methods=["GET"]),
@@ -320,13 +326,27 @@ class GatewayApp:
             return Response(err.body(), status_code=503, media_type="application/json")
         return Response(b'{"status":"ready"}', media_type="application/json")
 
-    async def _models(self, _request: Request) -> Response:
+    def _admin(self, request: Request) -> None:
+        """Admin routes: an admin key when some are set, else only a client on this host."""
+        if self._admin_keys.enabled:
+            if not self._admin_keys.in_headers(request.headers.raw):
+                raise Unauthorized("Invalid or missing admin key.")
+            return
+        # No admin keys: a data-plane key must not open them, but a sidecar agent still can.
+        if not is_loopback(request.client.host if request.client else None):
+            raise Forbidden("Admin routes need an admin key; none is configured.")
+
+    async def _models(self, request: Request) -> Response:
+        try:
+            self._authorize(request.headers.raw)
+        except GatewayError as err:
+            return _error_response(err)
         body = orjson.dumps({"object": "list", "data": self.runtime.pool.model_cards()})
         return Response(body, media_type="application/json")
 
     async def _heartbeat(self, request: Request) -> Response:
         try:
-            self._authorize(request.headers.raw)
+            self._admin(request)
             # Read as it arrives: a huge (or endless) post is refused at the limit, not buffered.
             body = await self._read_body(request.headers.raw, request.receive, _HEARTBEAT_LIMIT)
             try:
@@ -337,10 +357,13 @@ class GatewayApp:
         except _ClientGone:
             return Response(status_code=400)  # nobody is left to read it
         except GatewayError as err:
-            return Response(err.body(), status_code=err.status, media_type="application/json")
+            return _error_response(err)
         return Response(status_code=204)
 
-    async def _metrics(self, _request: Request) -> Response:
+    async def _metrics(self, request: Request) -> Response:
+        # Replica names, health and load: behind the admin keys once there are any.
+        if self._admin_keys.enabled and not self._admin_keys.in_headers(request.headers.raw):
+            return _error_response(Unauthorized("Invalid or missing admin key."))
         return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
 
     async def _method_not_allowed(self, _request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from collections.abc import Iterable
 
@@ -42,3 +43,20 @@ class ApiKeys:
         if raw[:7].lower() != b"bearer ":
             return False
         return hashlib.sha256(raw[7:].strip()).digest() in self._digests
+
+    def in_headers(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """True when an `Authorization` header among raw ASGI `headers` holds a configured key."""
+        return any(k == b"authorization" and self.accepts(v) for k, v in headers)
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for a loopback client address (IPv4, IPv6 or IPv4-mapped IPv6); False if unknown."""
+    if host is None:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a Unix socket path or a name: not provably this host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback

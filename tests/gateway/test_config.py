@@ -129,6 +129,11 @@ def test_the_commented_example_profile_builds() -> None:
             "routing: profiles.p.name must be 'p', not 'q'",
         ),
         ({"server": {"api_keys": "k"}}, "server.api_keys: expected array of string"),
+        ({"server": {"admin_keys": "k"}}, "server.admin_keys: expected array of string"),
+        (
+            {"server": {"api_keys": ["k"], "admin_keys": ["k"]}},
+            "admin_keys must not repeat a key of api_keys",
+        ),
     ],
 )
 def test_strict_loading_names_the_key(data: dict[str, object], message: str) -> None:

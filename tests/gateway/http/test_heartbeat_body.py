@@ -56,7 +56,14 @@ async def test_a_heartbeat_sent_in_pieces_is_applied(asgi_gateway: InProcessGate
 
 
 def _scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-    return {"type": "http", "method": "POST", "path": "/admin/heartbeat", "headers": headers}
+    # From this host, as a sidecar agent posts: without admin keys only loopback may.
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/admin/heartbeat",
+        "headers": headers,
+        "client": ("127.0.0.1", 40000),
+    }
 
 
 async def _call(app: GatewayApp, scope: dict[str, Any], receive: Any) -> list[dict[str, Any]]:
