@@ -35,6 +35,13 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     # Keys of /admin/* and /metrics; empty = /admin/* answers loopback clients only.
     admin_keys: tuple[str, ...] = ()
+    # Request line plus headers: a larger head gets 431 before the parser buffers it all.
+    max_header_bytes: int = 32768
+    max_headers: int = 100
+    # Seconds from connection open, or a head's first byte, to the end of the head (408).
+    header_timeout_s: float = 10.0
+    # Open client connections; one more is answered 503 and closed. 0 = unlimited.
+    max_connections: int = 4096
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,6 +52,11 @@ class ServerConfig:
         _positive("max_body_bytes", self.max_body_bytes)
         _positive("drain_timeout_s", self.drain_timeout_s)
         _positive("request_receive_timeout_s", self.request_receive_timeout_s)
+        _positive("max_header_bytes", self.max_header_bytes)
+        _positive("max_headers", self.max_headers)
+        _positive("header_timeout_s", self.header_timeout_s)
+        if self.max_connections < 0:
+            raise ValueError(f"max_connections must be >= 0, got {self.max_connections}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ ERROR_TYPES: Mapping[int, str] = MappingProxyType(
         408: "RequestTimeoutError",
         413: "RequestEntityTooLargeError",
         429: "RateLimitError",
+        431: "RequestHeaderFieldsTooLargeError",
         500: "InternalServerError",
         502: "BadGatewayError",
         503: "ServiceUnavailableError",

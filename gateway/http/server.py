@@ -13,6 +13,7 @@ from types import FrameType
 import uvicorn
 
 from gateway.http.app import GatewayApp
+from gateway.http.protocol import guarded_protocol
 from gateway.runtime import Runtime
 
 
@@ -55,7 +56,8 @@ def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicor
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        # httptools, plus the head limits and connection cap uvicorn lacks.
+        http=guarded_protocol(runtime.config.server),
         # The runtime is started (and stopped) by the process, beside the gRPC front end.
         lifespan="off",
         log_level=log_level,
@@ -63,7 +65,8 @@ def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicor
         # The gateway ends streams itself at drain_timeout_s (with an error event); uvicorn's
         # own cancellation is only the backstop.
         timeout_graceful_shutdown=math.ceil(drain_timeout_s) + 2,
-        # Header-read deadline: uvicorn has no slowloris guard of its own beyond keep-alive.
+        # Idle time between requests on a kept-alive connection; the head's own deadline is
+        # [server] header_timeout_s, in the protocol.
         timeout_keep_alive=5,
         server_header=False,
         date_header=False,

@@ -1,12 +1,12 @@
 """When to scrape a replica's /metrics next: pure decisions, driven by the score loop.
 
-A scrape costs the replica's API server 4-7 ms of CPU, and holds its event loop 50-120 ms on
-a loaded CPU host (docs/vllm-cpu.md): time taken from the process that streams its tokens.
-Between scrapes the gateway knows its own changes
-exactly (ReplicaState.snapshot(): scraped load + the gateway's in-flight delta since), so a
-scrape adds information only where that model errs: when someone else loads the replica
-(the scraped load moved more than our own requests explain), when its state changes by
-itself (KV usage, a queue forming), or when our own load moved a lot since the last look.
+A scrape costs the replica's API server CPU and holds its event loop (measured in
+docs/vllm-cpu.md): time taken from the process that streams its tokens. Between scrapes the
+gateway knows its own changes exactly (ReplicaState.snapshot(): scraped load + the gateway's
+in-flight delta since), so a scrape adds information only where that model errs: when
+someone else loads the replica (the scraped load moved more than our own requests explain),
+when its state changes by itself (KV usage, a queue forming), or when our own load moved a
+lot since the last look.
 While scrapes agree with the model the interval doubles, up to a ceiling; any disagreement
 drops it to the fastest. A token bucket caps the sustained rate whatever the cadence wants.
 """
