@@ -323,7 +323,7 @@ class GatewayApp:
     async def _ready(self, _request: Request) -> Response:
         if self.runtime.draining or not self.runtime.pool.ready():
             err = NoHealthyReplica("No replica is ready.")
-            return Response(err.body(), status_code=503, media_type="application/json")
+            return _error_response(err)
         return Response(b'{"status":"ready"}', media_type="application/json")
 
     def _admin(self, request: Request) -> None:
@@ -371,7 +371,7 @@ class GatewayApp:
 
     async def _internal_error(self, _request: Request, _exc: Exception) -> Response:
         # Starlette re-raises once this answer is out, so the server still logs the traceback.
-        return Response(InternalError().body(), status_code=500, media_type="application/json")
+        return _error_response(InternalError())
 
     async def _http_error(self, _request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
