@@ -11,6 +11,9 @@ from urllib.parse import urlsplit
 
 from gateway.config_loader import ConfigError, load_dataclass
 from gateway.grpc.config import GrpcConfig
+from gateway.proxy.headers import check_forwarding
+from gateway.proxy.tenancy_config import TenancyConfig
+from gateway.replicas.outlier import OutlierConfig, with_alias
 from routing.profile import ProfileSpec
 
 
@@ -42,6 +45,24 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     # Open client connections; one more is answered 503 and closed. 0 = unlimited.
     max_connections: int = 4096
+    # Open connections from one client address (503 past it); 0 = unlimited. Loopback and
+    # trusted_proxies are not counted: a proxy there carries many clients.
+    max_connections_per_client: int = 256
+    # Seconds a response may make no progress into a client that stopped reading before the
+    # connection is closed (and the upstream request cancelled); nginx's send_timeout.
+    send_timeout_s: float = 60.0
+    # Idle seconds between requests on a kept-alive connection before it is closed.
+    keepalive_timeout_s: float = 5.0
+    # After an answer sent before the request body was read (413, 401, ...): how long, and how
+    # many bytes, the rest of the body is read and dropped so the client can read the answer.
+    linger_timeout_s: float = 30.0
+    linger_max_bytes: int = 256 * 1024 * 1024
+    # Extra client headers forwarded upstream; credentials (authorization, cookie, x-api-key,
+    # proxy-authorization) are dropped unless named here.
+    forward_headers: tuple[str, ...] = ()
+    # CIDRs whose X-Forwarded-For / X-Forwarded-Proto are kept (and appended to); others' are
+    # replaced by the peer's address and scheme.
+    trusted_proxies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,6 +78,14 @@ class ServerConfig:
         _positive("header_timeout_s", self.header_timeout_s)
         if self.max_connections < 0:
             raise ValueError(f"max_connections must be >= 0, got {self.max_connections}")
+        if self.max_connections_per_client < 0:
+            raise ValueError(
+                f"max_connections_per_client must be >= 0, got {self.max_connections_per_client}"
+            )
+        for name in ("send_timeout_s", "keepalive_timeout_s", "linger_timeout_s"):
+            _positive(name, getattr(self, name))
+        _positive("linger_max_bytes", self.linger_max_bytes)
+        check_forwarding(self.forward_headers, self.trusted_proxies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +97,10 @@ class UpstreamConfig:
     connect_timeout_s: float = 2.0
     # Streams: the longest wait for the first chunk, then between chunks (no total deadline).
     first_byte_timeout_s: float = 120.0
+    # Streams: the longest wait for the response head (vLLM sends it once the request is
+    # tokenised, before it queues); silent this long, the replica is retried elsewhere.
+    # Non-streamed answers come with their head, so only non_stream_timeout_s bounds them.
+    response_head_timeout_s: float = 30.0
     idle_timeout_s: float = 60.0
     # Non-streamed answers arrive in one piece after the whole generation.
     non_stream_timeout_s: float = 600.0
@@ -76,10 +109,19 @@ class UpstreamConfig:
     keepalive_timeout_s: float = 30.0
     # Extra attempts on other replicas when one fails before its first byte.
     max_retries: int = 2
+    # Retries in flight at once: at most this share of the active requests, or
+    # min_retry_concurrency if that is more (Envoy's retry budget); over it, no retry.
+    retry_budget_ratio: float = 0.2
+    min_retry_concurrency: int = 3
 
     def __post_init__(self) -> None:
         for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s"):
             _positive(name, getattr(self, name))
+        _positive("response_head_timeout_s", self.response_head_timeout_s)
+        if not 0.0 <= self.retry_budget_ratio <= 1.0:
+            raise ValueError(f"retry_budget_ratio must be in [0, 1], got {self.retry_budget_ratio}")
+        if self.min_retry_concurrency < 0:
+            raise ValueError("min_retry_concurrency must be >= 0")
         _positive("non_stream_timeout_s", self.non_stream_timeout_s)
         _positive("max_connections", self.max_connections)
         _positive("max_connections_per_replica", self.max_connections_per_replica)
@@ -96,15 +138,16 @@ class HealthCheckConfig:
     path: str = "/health"
     healthy_threshold: int = 1
     unhealthy_threshold: int = 2
-    # Consecutive upstream failures seen by live traffic that mark a replica down at once.
-    passive_failure_threshold: int = 3
+    # Deprecated alias of [outlier] consecutive_failures: nonzero, it wins; 0 = use that.
+    passive_failure_threshold: int = 0
 
     def __post_init__(self) -> None:
         _positive("interval_s", self.interval_s)
         _positive("timeout_s", self.timeout_s)
         _positive("healthy_threshold", self.healthy_threshold)
         _positive("unhealthy_threshold", self.unhealthy_threshold)
-        _positive("passive_failure_threshold", self.passive_failure_threshold)
+        if self.passive_failure_threshold < 0:
+            raise ValueError("passive_failure_threshold must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +291,7 @@ class AdmissionConfig:
     enabled: bool = True
     # Upper prompt-token limits of the buckets (a last unbounded bucket is added).
     buckets: tuple[int, ...] = (128, 512)
+    # Waiting requests per tenant, model and bucket: one tenant cannot fill it for the others.
     max_depth: int = 1024
     max_wait_s: float = 30.0
     # Dispatch share of the longer bucket while both are backlogged (no starvation).
@@ -293,9 +337,14 @@ class GatewayConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     grpc: GrpcConfig = field(default_factory=GrpcConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    outlier: OutlierConfig = field(default_factory=OutlierConfig)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)
     replicas: tuple[ReplicaConfig, ...] = ()
 
     def __post_init__(self) -> None:
+        alias = self.health_check.passive_failure_threshold
+        object.__setattr__(self, "outlier", with_alias(self.outlier, alias))
+        self.tenancy.check_keys(self.server.api_keys, self.server.admin_keys)
         names = [r.name for r in self.replicas]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

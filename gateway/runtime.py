@@ -14,6 +14,7 @@ from gateway.config_loader import ConfigError
 from gateway.proxy.admission import Admission
 from gateway.proxy.affinity import Affinity
 from gateway.proxy.pipeline import Pipeline
+from gateway.proxy.tenancy import Tenancy
 from gateway.proxy.upstream import AiohttpUpstream, make_session
 from gateway.replicas.gpu import Nvml
 from gateway.replicas.health import HealthChecker
@@ -69,6 +70,12 @@ class Runtime:
         self.metrics = GatewayMetrics(
             self.pool.live_rows, self.admission.queue.depth if self.admission else dict
         )
+        # Tenants: keys, trusted sources, queue lanes and quotas (one "default" tenant unset).
+        server = config.server
+        self.tenancy = Tenancy(
+            config.tenancy, server.api_keys, server.admin_keys, self.metrics.quota_refused
+        )
+        self.metrics.track_tenant_queues(lambda: self.tenancy.queue_depth(self.admission))
         self.draining = False
         # Called when the drain period is over: each front end ends its open streams cleanly.
         self.stream_cutters: list[Callable[[], None]] = []
@@ -94,8 +101,9 @@ class Runtime:
             self.affinity,
             self.admission,
             self.tracing,
+            self.tenancy,
         )
-        checker = HealthChecker(self.config.health_check, session)
+        checker = HealthChecker(self.config.health_check, session, self.pool)
         scores = ScoreLoop(
             self.config.score_loop,
             session,

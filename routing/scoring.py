@@ -76,6 +76,20 @@ def choose(rng: random.Random, tied: Sequence[int]) -> int:
     return tied[0] if len(tied) == 1 else tied[rng.randrange(len(tied))]
 
 
+def allowance(
+    request: RequestFeatures, holder: ReplicaSnapshot, matched: int, full_share: float | None
+) -> float:
+    """0..1: the share of a load allowance a prefix match of `matched` blocks earns its holder.
+
+    A match filling a share s < full_share of the holder's KV cache earns s / full_share; all
+    of it without full_share or when the holder's cache size is unknown.
+    """
+    cap = holder.cache_capacity_tokens
+    if not (full_share and cap):
+        return 1.0
+    return min(1.0, matched * request.block_tokens / (full_share * cap))
+
+
 def load(r: ReplicaSnapshot) -> float:
     """Requests on the replica: the gateway's in-flight count, or vLLM's running + waiting.
 

@@ -40,6 +40,8 @@ class Branch(StrEnum):
     PREFIX_HIT = "prefix_hit"
     # A cached replica existed but was over its load guard: placed by load.
     LOAD_GUARD = "load_guard"
+    # A cached replica existed but had more than its share of recent picks: placed by load.
+    SHARE_GUARD = "share_guard"
     # Nothing cached anywhere: placed by load.
     MISS_BY_LOAD = "miss_by_load"
     MAX_SCORE = "max_score"
@@ -91,6 +93,9 @@ class ReplicaSnapshot:
     cached_blocks: int | None = None
     # LoRA adapters currently loaded on the replica (from vLLM's lora_requests_info metric).
     loaded_adapters: frozenset[str] = frozenset()
+    # False when a replica ramping up after a return sits this decision out: the gateway
+    # admits it to a growing share of decisions; the healthy filter drops it.
+    admitted: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class _LiveGauges(Collector):
         )
         healthy = GaugeMetricFamily(
             "llm_gateway_replica_healthy",
-            "1 when the replica passes health checks, else 0.",
+            "1 when the replica is routable (up by health checks, not ejected), else 0.",
             labels=["replica"],
         )
         freshness = GaugeMetricFamily(
@@ -84,8 +84,13 @@ class _LiveGauges(Collector):
             "GPU utilisation of the replica (heartbeat or NVML), 0..1.",
             labels=["replica"],
         )
+        ejected, admit, ejections = self._outlier_families()
         for row in self._source():
             name = [row["name"]]
+            ejected.add_metric(name, 1.0 if row.get("ejected") else 0.0)
+            admit.add_metric(name, row.get("admit_fraction", 1.0))
+            for reason, count in row.get("ejections", {}).items():
+                ejections.add_metric([row["name"], reason], count)
             in_flight.add_metric(name, row["in_flight"])
             healthy.add_metric(name, 1.0 if row["healthy"] else 0.0)
             freshness.add_metric(name, row["freshness"])
@@ -105,6 +110,44 @@ class _LiveGauges(Collector):
         for (model, bucket), depth in self._queue_depth().items():
             queue.add_metric([model, bucket], depth)
         yield from (in_flight, healthy, freshness, age, scrapes, interval, gpu_mem, gpu_util, queue)
+        yield from (ejected, admit, ejections)
+
+    @staticmethod
+    def _outlier_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+        ejected = GaugeMetricFamily(
+            "llm_gateway_replica_ejected",
+            "1 while outlier detection holds the replica out of service, else 0.",
+            labels=["replica"],
+        )
+        admit = GaugeMetricFamily(
+            "llm_gateway_replica_admit_fraction",
+            "Share of routing decisions the replica takes part in: below 1 while it ramps up.",
+            labels=["replica"],
+        )
+        ejections = CounterMetricFamily(
+            "llm_gateway_outlier_ejections",
+            "Replicas ejected by outlier detection, by reason.",
+            labels=["replica", "reason"],
+        )
+        return ejected, admit, ejections
+
+
+class _TenantQueues(Collector):
+    """Requests waiting in the admission queue per tenant, read at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, int]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "llm_gateway_tenant_queue_depth",
+            "Requests waiting in the admission queue, by tenant (configured names; others "
+            "as _other).",
+            labels=["tenant"],
+        )
+        for tenant, n in self._source().items():
+            depth.add_metric([tenant], n)
+        yield depth
 
 
 class _DecisionShare(Collector):
@@ -194,6 +237,17 @@ class GatewayMetrics:
             ["model", "replica"],
             registry=self.registry,
         )
+        self._retries_refused = Counter(
+            "llm_gateway_retries_refused",
+            "Retries not sent because the retry budget was spent (the last error was answered).",
+            registry=self.registry,
+        )
+        self._quota_refusals = Counter(
+            "llm_gateway_quota_refusals",
+            "Requests refused (429) by their tenant's quota, by tenant and limit.",
+            ["tenant", "limit"],
+            registry=self.registry,
+        )
         self._decisions = Counter(
             "llm_gateway_routing_decisions",
             "Routing decisions, one per upstream attempt (retries included), by replica and "
@@ -230,6 +284,17 @@ class GatewayMetrics:
 
     def retry(self, replica: str, reason: str) -> None:
         self._child(self._retries, replica, reason).inc()
+
+    def retry_refused(self) -> None:
+        self._retries_refused.inc()
+
+    def quota_refused(self, tenant: str, limit: str) -> None:
+        """A tenant's quota refused a request (tenant: a configured name or _other)."""
+        self._child(self._quota_refusals, tenant, limit).inc()
+
+    def track_tenant_queues(self, source: Callable[[], Mapping[str, int]]) -> None:
+        """Report `source()` (waiting requests per tenant) at each scrape."""
+        self.registry.register(_TenantQueues(source))
 
     def stream_truncated(self, model: str, replica: str) -> None:
         self._child(self._truncated, model, replica).inc()

@@ -10,7 +10,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 import orjson
 
-from gateway.errors import GatewayError, NoHealthyReplica, Unauthorized
+from gateway.errors import GatewayError, NoHealthyReplica
 from gateway.grpc import convert
 from gateway.grpc.gen import gateway_pb2 as pb
 from gateway.grpc.gen import gateway_pb2_grpc as pb_grpc
@@ -24,7 +24,7 @@ from gateway.grpc.status import (
     from_upstream,
 )
 from gateway.proxy.hints import apply as apply_hints
-from gateway.proxy.identity import ApiKeys
+from gateway.proxy.identity import peer_host
 from gateway.proxy.requests import Kind, ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.runtime import Runtime
@@ -43,6 +43,8 @@ class Context(Protocol):
     """The part of grpc.aio.ServicerContext the servicer uses."""
 
     def invocation_metadata(self) -> convert.Metadata | None: ...
+
+    def peer(self) -> str: ...
 
     def time_remaining(self) -> float | None: ...
 
@@ -73,7 +75,8 @@ class InferenceService(pb_grpc.InferenceServicer):
         self._runtime = runtime
         cfg = runtime.config.server
         self._rid_key = cfg.request_id_header.lower()
-        self._keys = ApiKeys(cfg.api_keys)
+        # Data-plane keys ([server].api_keys and tenants' keys), trusted tenant metadata.
+        self._tenancy = runtime.tenancy
 
     async def Complete(self, request: pb.CompletionRequest, context: Context) -> Any:
         return await self._call("completions", request, context, stream=False)
@@ -97,14 +100,11 @@ class InferenceService(pb_grpc.InferenceServicer):
             await context.abort(failure.code, failure.message)
         return convert.model_list(self._runtime.pool.model_cards())
 
-    def _authorize(self, metadata: convert.Metadata) -> None:
-        if not self._keys.enabled:
-            return
-        if not any(
-            key == "authorization" and isinstance(value, str) and self._keys.accepts(value)
-            for key, value in metadata
-        ):
-            raise Unauthorized("Invalid or missing API key.")
+    def _authorize(self, metadata: convert.Metadata) -> str:
+        """The tenant of the call's key ("default" when no keys are set); 401 without one."""
+        return self._tenancy.identify(
+            value for key, value in metadata if key == "authorization" and isinstance(value, str)
+        )
 
     async def _call(
         self, kind: Kind, request: convert.Request, context: Context, stream: bool
@@ -115,11 +115,15 @@ class InferenceService(pb_grpc.InferenceServicer):
         parsed: ParsedRequest | None = None
         try:
             hints = convert.read_hints(metadata)
-            self._authorize(metadata)
+            tenant = self._authorize(metadata)
             if self._runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             body = convert.request_body(kind, request, stream)
             parsed = apply_hints(parse_request(kind, body, rid), hints)
+            # The peer's address only matters when some source may name the tenant.
+            trusted = self._tenancy.trusts_headers and hints.tenant is not None
+            peer = peer_host(context.peer()) if trusted else None
+            parsed = self._tenancy.bind(parsed, tenant, hints, peer)
             # The client's deadline bounds routing, retries and the whole stream.
             deadline = asyncio.timeout(_remaining(context))
             try:

@@ -24,8 +24,9 @@ from gateway.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from gateway.http.upstream_errors import relay_error
 from gateway.proxy import hints
-from gateway.proxy.headers import client_response_headers
+from gateway.proxy.headers import ForwardPolicy, FrontHeaders, client_response_headers
 from gateway.proxy.identity import ApiKeys, is_loopback, new_request_id, request_id
 from gateway.proxy.requests import Kind, ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange, StreamBroken
@@ -101,8 +102,10 @@ class GatewayApp:
         self._limit = cfg.max_body_bytes
         self._receive_timeout = cfg.request_receive_timeout_s
         self._rid_header = cfg.request_id_header.lower().encode()
-        self._keys = ApiKeys(cfg.api_keys)
+        # Data-plane keys ([server].api_keys and tenants' keys), trusted tenant headers.
+        self._tenancy = runtime.tenancy
         self._admin_keys = ApiKeys(cfg.admin_keys)
+        self._forward = ForwardPolicy(cfg.forward_headers, cfg.trusted_proxies)
         routes = [
             Route("/health", self._health, methods=["GET"]),
             Route("/ready", self._ready, methods=["GET"]),
@@ -116,6 +119,8 @@ class GatewayApp:
             routes=routes,
             exception_handlers={HTTPException: self._http_error, Exception: self._internal_error},
         )
+        # A 307 to a trailing-slash-less path would build its Location from the client's Host.
+        self._starlette.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -127,11 +132,9 @@ class GatewayApp:
 
     # --- the hot path -------------------------------------------------------------------
 
-    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> None:
-        if not self._keys.enabled:
-            return
-        if not any(k == b"authorization" and self._keys.accepts(v) for k, v in headers):
-            raise Unauthorized("Invalid or missing API key.")
+    def _authorize(self, headers: list[tuple[bytes, bytes]]) -> str:
+        """The tenant of the request's key ("default" when no keys are set); 401 without one."""
+        return self._tenancy.identify(v for k, v in headers if k == b"authorization")
 
     async def _read_body(
         self, headers: list[tuple[bytes, bytes]], receive: Receive, limit: int
@@ -168,11 +171,15 @@ class GatewayApp:
         request_id = _request_id(headers, self._rid_header)
         runtime = self.runtime
         try:
-            self._authorize(headers)
+            tenant = self._authorize(headers)
             body = await self._read_body(headers, receive, self._limit)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
-            parsed = hints.apply(parse_request(kind, body, request_id), hints.from_headers(headers))
+            found = hints.from_headers(headers)
+            parsed = hints.apply(parse_request(kind, body, request_id), found)
+            # The key's tenant, or a trusted source's x-tenant-id; the class within its bounds.
+            client = scope.get("client")
+            parsed = self._tenancy.bind(parsed, tenant, found, client[0] if client else None)
         except _ClientGone:
             return
         except GatewayError as err:
@@ -204,7 +211,7 @@ class GatewayApp:
         watcher = asyncio.create_task(watch())
         self._open[task] = cycle
         try:
-            await self._serve(parsed, headers, started, send, cycle)
+            await self._serve(parsed, self._forwarded(scope), started, send, cycle)
         except asyncio.CancelledError:
             if (cycle.gone or cycle.cut) and task.uncancel() == 0:
                 if cycle.gone:
@@ -216,6 +223,13 @@ class GatewayApp:
         finally:
             del self._open[task]
             watcher.cancel()
+
+    def _forwarded(self, scope: Scope) -> FrontHeaders:
+        """The request's headers as they may go upstream (credentials, X-Forwarded-*)."""
+        client = scope.get("client")
+        return self._forward.apply(
+            scope["headers"], client[0] if client else None, scope.get("scheme", "http")
+        )
 
     def _refused(self, err: GatewayError, model: str, started: float) -> None:
         """Count a request the gateway answered itself, before any replica was chosen."""
@@ -283,12 +297,15 @@ class GatewayApp:
     ) -> bool:
         out_headers = client_response_headers(exchange.response.headers.items(), req.request_id)
         if not exchange.streaming:
-            out_headers.append((b"content-length", str(len(exchange.first)).encode()))
+            body = exchange.first
+            if exchange.status >= 400:
+                body, out_headers = relay_error(exchange, out_headers, req.request_id)
+            out_headers.append((b"content-length", str(len(body)).encode()))
             cycle.responded = True
             await send(
                 {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
             )
-            await send({"type": "http.response.body", "body": exchange.first})
+            await send({"type": "http.response.body", "body": body})
             return True
         cycle.started = True
         await send(

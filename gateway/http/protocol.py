@@ -1,9 +1,11 @@
-"""uvicorn's httptools protocol with limits on the request head and on open connections."""
+"""uvicorn's httptools protocol with limits on the request head, connections and slow readers."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import ipaddress
+import logging
+from typing import Any, ClassVar
 
 import httptools
 from uvicorn.config import Config
@@ -13,23 +15,63 @@ from uvicorn.server import ServerState
 from gateway.config import ServerConfig
 from vllm_api.errors import error_body
 
+log = logging.getLogger("llm_gateway.http")
+
 # After a refusal, how long the client's further bytes are read and dropped before the close:
 # closing with unread bytes makes the kernel send a reset, which can destroy the answer.
 _LINGER_S = 1.0
+# Never held to max_connections_per_client: a proxy on this host multiplexes many clients (as
+# do the configured trusted_proxies).
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
+# The transport methods uvicorn calls, bound straight to the real transport: no extra call.
+_FORWARDED = (
+    "write", "writelines", "write_eof", "can_write_eof", "abort", "get_extra_info",
+    "get_write_buffer_size", "get_write_buffer_limits", "set_write_buffer_limits",
+    "pause_reading", "resume_reading", "is_reading", "set_protocol", "get_protocol",
+)  # fmt: skip
 
 
 class _HeadRefused(Exception):
     """Raised in a parser callback to stop parsing a head that is over a limit."""
 
 
+class _LingeringTransport(asyncio.Transport):
+    """The connection's transport, but a close is the protocol's to decide (it may linger)."""
+
+    def __init__(self, raw: asyncio.Transport, protocol: GuardedHttpToolsProtocol) -> None:
+        super().__init__()
+        self.raw = raw
+        self._protocol = protocol
+        self._closing = False
+        for name in _FORWARDED:
+            setattr(self, name, getattr(raw, name))
+
+    def is_closing(self) -> bool:
+        return self._closing or self.raw.is_closing()
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            self._protocol.close_requested()
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """Caps the head's bytes, header count and read time, and the number of open connections."""
+    """Caps the head, open connections (in all and per client) and a stalled client's hold."""
 
     # Set per server by guarded_protocol().
     max_header_bytes = 32768
     max_headers = 100
     header_timeout_s = 10.0
     max_connections = 0
+    max_connections_per_client = 0
+    send_timeout_s = 60.0
+    keepalive_timeout_s = 5.0
+    linger_timeout_s = 30.0
+    linger_max_bytes = 256 * 1024 * 1024
+    # Open connections per client address, shared by the server's connections.
+    per_client: ClassVar[dict[str, int]] = {}
+    # Addresses the per-client cap does not count.
+    uncapped: ClassVar[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]] = LOOPBACK
 
     def __init__(
         self,
@@ -39,6 +81,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
+        # uvicorn's int is only ever handed to call_later: seconds as a float are fine.
+        self.timeout_keep_alive = self.keepalive_timeout_s  # type: ignore[assignment]
+        self._raw: asyncio.Transport | None = None
         # True while a head is expected or arriving: the only check a body chunk pays.
         self._in_head = True
         self._head_started = False
@@ -47,6 +92,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
         self._refused = False
+        self._client_key: str | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._send_mark = 0
+        # Dropping the rest of a body answered early: bytes left, and close once it is read.
+        self._draining = False
+        self._drain_close = False
+        self._drain_left = 0
+        self._drain_timer: asyncio.TimerHandle | None = None
 
     def connection_made(  # type: ignore[override]
         self, transport: asyncio.Transport
@@ -56,16 +109,50 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport = transport
             self._refuse(503, "Too many open connections.")
             return
-        super().connection_made(transport)
+        self._raw = transport
+        super().connection_made(_LingeringTransport(transport, self))
+        if self.max_connections_per_client and self.client is not None and self._capped():
+            host = self.client[0]
+            count = self.per_client.get(host, 0)
+            if count >= self.max_connections_per_client:
+                self.connections.discard(self)
+                self._refuse(503, "Too many open connections from this client.")
+                return
+            self.per_client[host] = count + 1
+            self._client_key = host
         # A connection that never sends a byte is held to the same deadline as a slow head.
         self._arm_head_timer()
 
+    def _capped(self) -> bool:
+        assert self.client is not None
+        try:
+            addr = ipaddress.ip_address(self.client[0])
+        except ValueError:
+            return True
+        return not any(addr in net for net in self.uncapped)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        for timer in (self._send_timer, self._drain_timer):
+            if timer is not None:
+                timer.cancel()
+        self._send_timer = self._drain_timer = None
+        if self._client_key is not None:
+            left = self.per_client[self._client_key] - 1
+            if left:
+                self.per_client[self._client_key] = left
+            else:
+                del self.per_client[self._client_key]
+            self._client_key = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if not self._in_head:
+            if self._draining:
+                self._drain_left -= len(data)
+                if self._drain_left < 0:
+                    self._close_now()
+                    return
             self._feed(data)
             return
         if self._refused:
@@ -86,22 +173,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.data_received(data[keep:])
 
     def _feed(self, data: bytes) -> None:
-        # uvicorn's data_received, plus a refusal raised from a parser callback.
+        # uvicorn's data_received, plus refusals raised from parser callbacks.
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             if self._refusal is not None:
                 self._refuse(*self._refusal)
-                return
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+            elif not self._refused:
+                # uvicorn would answer its own text/plain 400; this is vLLM's JSON shape.
+                self.logger.warning("Invalid HTTP request received.")
+                self._refuse(400, "Invalid HTTP request received.")
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # No websocket protocol is configured: the request is served as plain HTTP.
+            self._unsupported_upgrade_warning()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -129,6 +214,105 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_started = False
         self._head_bytes = 0
+        if self._draining:
+            self._end_drain()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._body_pending():
+            # Answered before the body was read (413, 401, ...): drop the rest, within bounds.
+            self._drain_body(close=False)
+
+    # --- a client that stops reading -----------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None and self._raw is not None:
+            self._send_mark = self._raw.get_write_buffer_size()
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_check)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_check(self) -> None:
+        self._send_timer = None
+        raw = self._raw
+        if raw is None:
+            return
+        left = raw.get_write_buffer_size()
+        if not left:
+            return
+        if left < self._send_mark:  # it read something: progress, another period
+            self._send_mark = left
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_check)
+            return
+        log.warning(
+            "client %s read nothing for %g s: connection closed",
+            self.client[0] if self.client else "?",
+            self.send_timeout_s,
+        )
+        # A close (even one already begun) waits for the buffer to flush, which it never will;
+        # the app sees a disconnect, which cancels the upstream request and frees its slot.
+        raw.abort()
+
+    # --- lingering close -----------------------------------------------------------------
+
+    def _body_pending(self) -> bool:
+        """The response is complete but the request's body is still arriving."""
+        cycle = self.cycle
+        return (
+            not self._in_head
+            and not self._refused
+            and cycle is not None
+            and cycle.response_complete
+            and self._raw is not None
+            and not self._raw.is_closing()
+        )
+
+    def close_requested(self) -> None:
+        """uvicorn closes: at once, unless the client is still sending the answered body."""
+        if self._body_pending():
+            self._drain_body(close=True)
+        else:
+            self._close_now()
+
+    def _drain_body(self, close: bool) -> None:
+        self._drain_close = self._drain_close or close
+        if self._draining:
+            return
+        self._draining = True
+        self._drain_left = self.linger_max_bytes
+        # uvicorn stops reading while the app holds an unread body; it is dropped now.
+        self.flow.resume_reading()
+        self._drain_timer = self.loop.call_later(self.linger_timeout_s, self._close_now)
+
+    def _end_drain(self) -> None:
+        """The whole answered body is read: close cleanly, or keep the connection alive."""
+        self._draining = False
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        if self._drain_close:
+            self._close_now()
+            raise _HeadRefused  # stop parsing: a pipelined request behind it is not served
+        # on_response_complete's idle timer was cancelled by the body's bytes: idle again now.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def _close_now(self) -> None:
+        self._refused = True
+        self._in_head = True
+        self._draining = False
+        if self._raw is not None:
+            self._raw.close()
+        else:
+            self.transport.close()
+
+    # --- the head's deadline and refusals ------------------------------------------------
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
@@ -146,7 +330,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(408, "Timed out reading the request headers.")
         else:
             # Nothing sent (a silent or pre-opened connection): no request to answer.
-            self.transport.close()
+            self._close_now()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` in vLLM's shape, stop parsing and close after a short linger."""
@@ -154,10 +338,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._cancel_head_timer()
         self._unset_keepalive_if_required()
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A response is on the wire: an answer now would corrupt it.
-            self.transport.close()
-            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started or self.pipeline:
+                # A response is on the wire: an answer now would corrupt it.
+                self._close_now()
+                return
+            # The app has not answered (a body it reads is malformed): to it the client is
+            # gone, and its sends are dropped; the answer is this one.
+            cycle.disconnected = True
+            cycle.message_event.set()
         body = error_body(message, status)
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
@@ -174,9 +364,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(head))
         if self.transport.can_write_eof():
             self.transport.write_eof()
-            self._head_timer = self.loop.call_later(_LINGER_S, self.transport.close)
+            self._head_timer = self.loop.call_later(_LINGER_S, self._close_now)
         else:
-            self.transport.close()
+            self._close_now()
 
 
 def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
@@ -187,5 +377,15 @@ def guarded_protocol(server: ServerConfig) -> type[GuardedHttpToolsProtocol]:
         max_headers = server.max_headers
         header_timeout_s = server.header_timeout_s
         max_connections = server.max_connections
+        max_connections_per_client = server.max_connections_per_client
+        send_timeout_s = server.send_timeout_s
+        keepalive_timeout_s = server.keepalive_timeout_s
+        linger_timeout_s = server.linger_timeout_s
+        linger_max_bytes = server.linger_max_bytes
+        per_client: ClassVar[dict[str, int]] = {}
+        uncapped = (
+            *LOOPBACK,
+            *(ipaddress.ip_network(c, strict=False) for c in server.trusted_proxies),
+        )
 
     return GatewayHttpProtocol

@@ -56,8 +56,11 @@ def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicor
     return uvicorn.Config(
         app,
         loop="uvloop",
-        # httptools, plus the head limits and connection cap uvicorn lacks.
+        # httptools, plus the head limits, connection caps, send timeout and lingering close
+        # uvicorn lacks.
         http=guarded_protocol(runtime.config.server),
+        # No websockets: an upgrade would hand the connection to a protocol without those.
+        ws="none",
         # The runtime is started (and stopped) by the process, beside the gRPC front end.
         lifespan="off",
         log_level=log_level,
@@ -65,9 +68,8 @@ def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicor
         # The gateway ends streams itself at drain_timeout_s (with an error event); uvicorn's
         # own cancellation is only the backstop.
         timeout_graceful_shutdown=math.ceil(drain_timeout_s) + 2,
-        # Idle time between requests on a kept-alive connection; the head's own deadline is
-        # [server] header_timeout_s, in the protocol.
-        timeout_keep_alive=5,
+        # The idle time between requests on a kept-alive connection is [server]
+        # keepalive_timeout_s and the head's own deadline header_timeout_s, in the protocol.
         server_header=False,
         date_header=False,
     )

@@ -1,6 +1,7 @@
 """Routing hints a client sends beside the body: tenant, priority, model hints; HTTP or gRPC.
 
-`x-tenant-id` names the tenant (short and plain, else ignored); `x-priority` is an integer
+`x-tenant-id` names the tenant (short and plain, else ignored; honoured only from trusted
+sources, see gateway/proxy/tenancy.py); `x-priority` is an integer or a class name, `P1` = 1
 (malformed: 400 / INVALID_ARGUMENT). A body `priority` field wins over the header, since
 that is the one vLLM itself reads.
 
@@ -81,10 +82,12 @@ def parse(values: Mapping[str, str], where: str) -> Hints:
     """Hints from lower-cased keys (no headers to pass on); `where` names the carrier in errors."""
     priority: int | None = None
     if PRIORITY in values:
+        raw = values[PRIORITY]
         try:
-            priority = int(values[PRIORITY])
+            # A class name (P0..P2) or vLLM's integer priority.
+            priority = int(raw[1:] if raw[:1] in ("P", "p") else raw)
         except ValueError:
-            raise BadRequest(f"`{PRIORITY}` {where} must be an integer.") from None
+            raise BadRequest(f"`{PRIORITY}` {where} must be an integer or P0..P2.") from None
     tenant = values.get(TENANT)
     labels = model_hints(values[MODEL_HINT], where) if MODEL_HINT in values else {}
     return Hints(

@@ -15,11 +15,13 @@ from gateway.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
-from gateway.proxy.admission import Admission, RateLimited
+from gateway.proxy.admission import DEFAULT_LANE, Admission, RateLimited
 from gateway.proxy.affinity import Affinity
 from gateway.proxy.decision_log import decision_line
 from gateway.proxy.headers import upstream_request_headers
 from gateway.proxy.requests import ParsedRequest
+from gateway.proxy.tenancy import Grant, Tenancy
+from gateway.proxy.tenancy_config import DEFAULT_TENANT
 from gateway.proxy.upstream import Exchange, Upstream, UpstreamResponse
 from gateway.replicas.pool import Lease, ReplicaPool
 from routing.router import Router
@@ -40,10 +42,12 @@ _ERROR_BODY_LOG_LIMIT = 512
 class _Retryable(Exception):
     """An attempt failed before any byte reached the client; another replica may serve it."""
 
-    def __init__(self, reason: str, client_error: GatewayError) -> None:
+    def __init__(self, reason: str, client_error: GatewayError, detail: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.client_error = client_error
+        # The start of the replica's error body: the outlier policy looks for OOM in it.
+        self.detail = detail
 
 
 class Pipeline:
@@ -59,13 +63,20 @@ class Pipeline:
         affinity: Affinity,
         admission: Admission | None,
         tracing: Tracing | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self._tracing = tracing
+        # Tenants' queues and quotas; None: one tenant, no quota.
+        self._tenancy = tenancy
         self._affinity = affinity
         self._admission = admission
         self._cfg = config.upstream
-        self._passive_threshold = config.health_check.passive_failure_threshold
+        # The pipeline feeds the outlier policy its outcomes, so it sets the policy up (the
+        # runtime and the test rig build the pool without it).
+        pool.configure_outlier(config.outlier)
         self._pool = pool
+        # Retry attempts in flight now, against the retry budget.
+        self._retrying = 0
         self._router = router
         self._upstream = upstream
         self._transport_errors = upstream.transport_errors
@@ -87,9 +98,15 @@ class Pipeline:
         """Return an exchange holding the first upstream byte, or raise a client-safe error."""
         tracing = self._tracing
         rtrace = tracing.start(req.kind, client_headers, req.request_id) if tracing else None
+        tenancy = self._tenancy
+        grant: Grant | None = None
         try:
+            if tenancy is not None:
+                grant = await tenancy.reserve(req.features)
             exchange = await self._open(req, client_headers, started, rtrace)
         except GatewayError as err:
+            if tenancy is not None and grant is not None:
+                tenancy.settle(grant, 0)  # no replica served it: refunded
             # Refused requests count too; an unknown model name must not mint a label.
             model = req.model if req.model in self._pool.known_models() else "_unknown"
             branch = Branch.QUEUED if isinstance(err, RateLimited) else Branch.NONE
@@ -98,10 +115,13 @@ class Pipeline:
                 rtrace.end(err.status)
             raise
         except BaseException:
+            if tenancy is not None and grant is not None:
+                tenancy.settle(grant, 0)
             if rtrace is not None:
                 rtrace.end(499)  # the client went away (nginx's code for it)
             raise
         exchange.trace = rtrace
+        exchange.grant = grant
         return exchange
 
     async def _open(
@@ -119,6 +139,10 @@ class Pipeline:
         tried: list[str] = []
         last: GatewayError | None = None
         for attempt in range(1 + self._cfg.max_retries):
+            if attempt and not self._retry_allowed():
+                assert last is not None
+                self._metrics.retry_refused()
+                raise last
             try:
                 if attempt == 0:
                     decision, waited = await self._first_route(features)
@@ -146,6 +170,8 @@ class Pipeline:
                 )
             lease = self._pool.acquire(name)
             replica = lease.replica
+            retry = attempt > 0
+            self._retrying += retry
             # Counted as queued prefill on the replica until its first byte arrives.
             # The prefill it will cost there: the part of the prompt that replica doesn't hold.
             cached = features.prefix_match.get(name, 0) * features.block_tokens
@@ -170,7 +196,7 @@ class Pipeline:
             except _Retryable as failure:
                 if span is not None:
                     end_attempt(span, failure.reason)
-                self._release(lease, False)
+                self._release(lease, False, failure.detail)
                 log.warning(
                     "request %s: replica %s failed before first byte (%s)",
                     req.request_id,
@@ -184,10 +210,11 @@ class Pipeline:
                 # Client gone or server stopping: not the replica's fault.
                 if span is not None:
                     end_attempt(span, "cancelled")
-                self._release(lease, True)
+                self._release(lease, None)
                 raise
             finally:
                 replica.queued_prefill_tokens -= prefill
+                self._retrying -= retry
         assert last is not None
         raise last
 
@@ -196,12 +223,23 @@ class Pipeline:
         pool, router = self._pool, self._router
         if self._admission is None:
             return router.route(features, pool.snapshots()), False
+        # Each tenant its own queue, weight and class (one lane for all without tenancy).
+        lane = self._tenancy.lane(features) if self._tenancy is not None else DEFAULT_LANE
         return await self._admission.admit(
-            features, lambda: router.route(features, pool.snapshots())
+            features, lambda: router.route(features, pool.snapshots()), lane
         )
 
-    def _release(self, lease: Lease, ok: bool) -> None:
-        lease.release(ok, self._passive_threshold)
+    def _retry_allowed(self) -> bool:
+        """Envoy's retry budget: retries in flight stay within a share of active requests."""
+        cfg = self._cfg
+        # Attempts in flight, and this request (its failed attempt's lease is released).
+        active = sum(r.in_flight for r in self._pool) + 1
+        allowed = max(cfg.min_retry_concurrency, cfg.retry_budget_ratio * active)
+        return self._retrying + 1 <= allowed
+
+    def _release(self, lease: Lease, ok: bool | None, detail: str = "") -> None:
+        # ok None: neither outcome (the client left, the gateway stops), not the replica's.
+        lease.release(ok, detail)
         if self._admission is not None:
             self._admission.notify()
 
@@ -214,39 +252,34 @@ class Pipeline:
         started: float,
     ) -> Exchange:
         url = decision.replica.url + _PATHS[req.kind]
-        budget = self._cfg.first_byte_timeout_s if req.stream else self._cfg.non_stream_timeout_s
+        cfg, replica = self._cfg, lease.replica
+        # Streams: the head within response_head_timeout_s, the first chunk within
+        # first_byte_timeout_s of the start. A non-streamed answer's head comes with its body.
+        total = cfg.first_byte_timeout_s if req.stream else cfg.non_stream_timeout_s
+        head = min(cfg.response_head_timeout_s, total) if req.stream else total
+        now = asyncio.get_running_loop().time()
         resp: UpstreamResponse | None = None
         try:
-            async with asyncio.timeout(budget):
-                resp = await self._upstream.post(url, req.body, headers)
-                if resp.status >= 500:
-                    detail = (await resp.content.read(_ERROR_BODY_LOG_LIMIT)).decode(
-                        "utf-8", "replace"
-                    )
-                    log.warning(
-                        "replica %s answered %d: %s", lease.replica.name, resp.status, detail
-                    )
-                    raise _Retryable(
-                        f"status_{resp.status}",
-                        UpstreamFailed(
-                            f"The model server failed to serve the request (HTTP {resp.status}).",
-                            status=resp.status if resp.status in (502, 503, 504) else 502,
-                        ),
-                    )
-                streaming = req.stream and resp.status == 200
-                if streaming:
-                    first = await resp.content.readany()
-                    if not first:
-                        raise _Retryable(
-                            "empty_stream", UpstreamFailed("The model server closed the stream.")
-                        )
-                else:
-                    first = await resp.read()
+            async with asyncio.timeout_at(now + head) as deadline:
+                # Registered so that health checks marking the replica down end the wait.
+                replica.awaiting.add(deadline)
+                try:
+                    resp = await self._upstream.post(url, req.body, headers)
+                    if head < total:
+                        deadline.reschedule(now + total)
+                    first, streaming = await self._first(req, resp, replica.name)
+                finally:
+                    replica.awaiting.discard(deadline)
         except TimeoutError:
             if resp is not None:
                 resp.close()
+            reason = "timeout"
+            if replica.probe_down:
+                reason = "replica_down"
+            elif resp is None and head < total:
+                reason = "head_timeout"
             raise _Retryable(
-                "timeout", UpstreamTimeout("The model server did not answer in time.")
+                reason, UpstreamTimeout("The model server did not answer in time.")
             ) from None
         except self._transport_errors as exc:
             if resp is not None:
@@ -275,18 +308,46 @@ class Pipeline:
             self._metrics.first_token(req.model, exchange.first_byte_at - started)
         return exchange
 
+    async def _first(
+        self, req: ParsedRequest, resp: UpstreamResponse, name: str
+    ) -> tuple[bytes, bool]:
+        """(the whole body or a stream's first chunk, streaming) of an answer whose head came."""
+        if resp.status >= 500:
+            detail = (await resp.content.read(_ERROR_BODY_LOG_LIMIT)).decode("utf-8", "replace")
+            log.warning("replica %s answered %d: %s", name, resp.status, detail)
+            raise _Retryable(
+                f"status_{resp.status}",
+                UpstreamFailed(
+                    f"The model server failed to serve the request (HTTP {resp.status}).",
+                    status=resp.status if resp.status in (502, 503, 504) else 502,
+                ),
+                detail,
+            )
+        if req.stream and resp.status == 200:
+            first = await resp.content.readany()
+            if not first:
+                raise _Retryable(
+                    "empty_stream", UpstreamFailed("The model server closed the stream.")
+                )
+            return first, True
+        return await resp.read(), False
+
     def finish(self, req: ParsedRequest, exchange: Exchange, status: int, ok: bool) -> None:
         """Close the upstream side and feed the outcome back: exactly once per exchange."""
         exchange.close()
         self._release(exchange.lease, ok)
+        tenancy = self._tenancy
+        if exchange.grant is not None and tenancy is not None:
+            # The answer's own usage; a stream without a usage chunk keeps its reservation.
+            tenancy.settle(exchange.grant, exchange.used_tokens())
         if exchange.trace is not None:
             exchange.trace.set(
                 model=req.model,
                 replica=exchange.lease.replica.name,
                 branch=exchange.decision.branch,
                 stream=req.stream,
-                priority=req.features.priority,
-                **({"tenant": req.features.tenant} if req.features.tenant else {}),
+                priority=tenancy.priority(req.features) if tenancy else req.features.priority,
+                tenant=req.features.tenant or DEFAULT_TENANT,
             )
             exchange.trace.end(status if ok else 502)
         self._metrics.request_done(

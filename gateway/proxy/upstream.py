@@ -6,14 +6,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
 from gateway.config import UpstreamConfig
+from gateway.proxy.usage import USAGE_MARK, usage_tokens
 from gateway.replicas.pool import Lease
 from routing.types import Decision
 from telemetry.tracing import RequestTrace
+
+if TYPE_CHECKING:
+    from gateway.proxy.tenancy import Grant
 
 # The contract follows aiohttp's own response shape on purpose: the production response is
 # aiohttp's ClientResponse itself, so the hot path has no adapter object and no extra await
@@ -137,6 +141,10 @@ class Exchange:
     complete: bool = False
     # The request's trace, when traced: ended by Pipeline.finish.
     trace: RequestTrace | None = None
+    # The tenant's quota reservation, settled by Pipeline.finish from `used_tokens`.
+    grant: Grant | None = None
+    # prompt + completion tokens of a stream's usage chunk, when one was seen (and wanted).
+    usage: int | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream's chunks as they arrive, starting with the first; nothing is buffered."""
@@ -144,6 +152,11 @@ class Exchange:
         if not self.streaming:
             self.complete = True
             return
+        # Read the usage chunk only for a token quota, and then only chunks that may hold it.
+        tap = self.grant is not None and self.grant.wants_usage
+        prev = self.first
+        if tap and USAGE_MARK in prev:
+            self.usage = usage_tokens(prev)
         readany = self.response.content.readany
         loop = asyncio.get_running_loop()
         try:
@@ -155,12 +168,26 @@ class Exchange:
                     deadline.reschedule(None)
                     if not chunk:
                         break
+                    if tap:
+                        if USAGE_MARK in chunk:
+                            # The event may have begun in the previous read.
+                            found = usage_tokens(chunk)
+                            self.usage = found if found is not None else usage_tokens(prev + chunk)
+                        prev = chunk
                     yield chunk
         except TimeoutError:
             raise StreamBroken("idle_timeout") from None
         except self.transport_errors as exc:
             raise StreamBroken(type(exc).__name__) from None
         self.complete = True
+
+    def used_tokens(self) -> int | None:
+        """The tokens the answer says it used; 0 for an error answer, None when unknown."""
+        if self.status >= 400:
+            return 0
+        if self.streaming:
+            return self.usage
+        return usage_tokens(self.first)
 
     def close(self) -> None:
         """Free the upstream: a finished body goes back to the pool, anything else is cut now."""

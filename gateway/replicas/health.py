@@ -1,4 +1,8 @@
-"""Active health checks with thresholds, and model discovery from each replica's /v1/models."""
+"""Active health checks with thresholds, and model discovery from each replica's /v1/models.
+
+The pool applies each threshold crossing: a passing probe never ends a passive ejection
+early, and a replica coming back up ramps to its full share (pool.py, outlier.py).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import aiohttp
 import orjson
 
 from gateway.config import HealthCheckConfig
+from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.state import ReplicaState
 
 log = logging.getLogger("llm_gateway.health")
@@ -21,8 +26,11 @@ _MODELS_REFRESH_EVERY = 10
 class HealthChecker:
     """Probes one replica at a time; marks it up/down after threshold consecutive results."""
 
-    def __init__(self, cfg: HealthCheckConfig, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, cfg: HealthCheckConfig, session: aiohttp.ClientSession, pool: ReplicaPool
+    ) -> None:
         self._cfg = cfg
+        self._pool = pool
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
         self._successes: dict[str, int] = {}
@@ -61,17 +69,14 @@ class HealthChecker:
         if ok:
             replica.consecutive_failures = 0
             self._successes[name] = self._successes.get(name, 0) + 1
-            if not replica.healthy and self._successes[name] >= self._cfg.healthy_threshold:
-                log.info("replica %s is up", name)
-                replica.healthy = True
-                replica.passive_failures = 0
+            if self._successes[name] >= self._cfg.healthy_threshold:
+                self._pool.probe_passed(replica)
             return
         self._successes[name] = 0
         replica.consecutive_failures += 1
         replica.last_error = reason
-        if replica.healthy and replica.consecutive_failures >= self._cfg.unhealthy_threshold:
-            log.warning("replica %s is down: %s", name, reason)
-            replica.healthy = False
+        if replica.consecutive_failures >= self._cfg.unhealthy_threshold:
+            self._pool.probe_failed(replica, reason)
 
     async def run(self, replica: ReplicaState) -> None:
         """Probe forever at the configured interval (cancelled by the owner's task group)."""

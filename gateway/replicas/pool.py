@@ -1,15 +1,25 @@
-"""Every replica by name, and the lease that keeps in-flight counts exact on every path."""
+"""Every replica by name, the lease that keeps in-flight counts exact, and outlier ejection.
+
+The pool applies the outlier policy (outlier.py) to the replicas' state: live outcomes arrive
+through leases, probe results through the health checker, and the policy's clock is read here.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import ReplicaConfig
+from gateway.replicas.outlier import OutlierConfig, OutlierPolicy
 from gateway.replicas.state import ReplicaState
 from routing.types import ReplicaSnapshot
+
+log = logging.getLogger("llm_gateway.outlier")
+health_log = logging.getLogger("llm_gateway.health")
 
 
 @dataclass(slots=True)
@@ -17,23 +27,26 @@ class Lease:
     """One request's claim on a replica: released exactly once, whatever path ends it."""
 
     replica: ReplicaState
+    pool: ReplicaPool
     released: bool = False
 
-    def release(self, ok: bool, passive_failure_threshold: int) -> None:
+    def release(self, ok: bool | None, detail: str = "") -> None:
+        """Once: served (True), failed (False; `detail`: its error body's start), or None."""
         if self.released:
             return
         self.released = True
         r = self.replica
         r.in_flight -= 1
         r.requests_total += 1
+        if ok is None:
+            return
         if ok:
             r.passive_failures = 0
+            self.pool.outlier.success(r.name, self.pool.clock())
             return
         r.errors_total += 1
         r.passive_failures += 1
-        # Live traffic sees a dead replica before the next active probe does.
-        if r.passive_failures >= passive_failure_threshold:
-            r.healthy = False
+        self.pool.passive_failure(r, detail)
 
 
 @dataclass(slots=True)
@@ -41,6 +54,19 @@ class ReplicaPool:
     """Every configured replica, by name, in configuration order."""
 
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    # The clock of snapshots and of the outlier policy (tests drive their own).
+    clock: Callable[[], float] = time.monotonic
+    outlier: OutlierPolicy = field(init=False)
+    # Ejections so far, by replica and reason (a counter of the metrics).
+    ejections: dict[str, dict[str, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.configure_outlier(OutlierConfig())
+
+    def configure_outlier(self, cfg: OutlierConfig) -> None:
+        """A fresh policy over these replicas (before traffic: the records start empty)."""
+        self.outlier = OutlierPolicy(cfg, self.replicas)
+        self.ejections = {name: {} for name in self.replicas}
 
     @classmethod
     def from_configs(
@@ -58,13 +84,106 @@ class ReplicaPool:
         return self.replicas[name]
 
     def snapshots(self) -> list[ReplicaSnapshot]:
-        now = time.monotonic()
-        return [r.snapshot(now) for r in self.replicas.values()]
+        now = self.clock()
+        outlier = self.outlier
+        if now >= outlier.next_event:
+            self._tick(now)
+        ramping = outlier.ramping
+        if not ramping:
+            return [r.snapshot(now) for r in self.replicas.values()]
+        return self._ramping_snapshots(now, ramping)
+
+    def _ramping_snapshots(self, now: float, ramping: Set[str]) -> list[ReplicaSnapshot]:
+        # A ramping replica sits a decision out only where replicas in full service cover all
+        # its models: alone (or with only other returning ones) it takes what comes.
+        full: set[str] = set()
+        for r in self.replicas.values():
+            if r.healthy and r.name not in ramping:
+                full |= r.models
+        outlier = self.outlier
+        return [
+            r.snapshot(
+                now,
+                r.name not in ramping or outlier.admitted(r.name) or not r.models <= full,
+            )
+            for r in self.replicas.values()
+        ]
 
     def acquire(self, name: str) -> Lease:
         replica = self.replicas[name]
         replica.in_flight += 1
-        return Lease(replica)
+        if self.outlier.ramping:
+            self.outlier.routed(name, self.clock())
+        return Lease(replica, self)
+
+    # --- outlier ejection -----------------------------------------------------------------
+
+    def passive_failure(self, replica: ReplicaState, detail: str) -> None:
+        """Live traffic saw `replica` fail: eject it if the policy says so."""
+        others = sum(1 for r in self.replicas.values() if r.healthy and r is not replica)
+        ejection = self.outlier.failure(replica.name, self.clock(), detail, others)
+        if ejection is None:
+            return
+        replica.healthy = False
+        counts = self.ejections[replica.name]
+        counts[ejection.reason] = counts.get(ejection.reason, 0) + 1
+        log.warning(
+            "replica %s ejected for %.0f s: %s (ejection %d)",
+            replica.name,
+            ejection.duration_s,
+            ejection.reason,
+            ejection.count,
+        )
+
+    def probe_passed(self, replica: ReplicaState) -> None:
+        """Health checks pass (their threshold met): up, unless a passive ejection holds it."""
+        now = self.clock()
+        if now >= self.outlier.next_event:
+            self._tick(now)
+        replica.probe_down = False
+        if replica.healthy or self.outlier.ejected(replica.name):
+            return
+        self._back(replica, now, "is up", health_log)
+
+    def probe_failed(self, replica: ReplicaState, reason: str) -> None:
+        """Health checks fail (their threshold met): down, and its waiting attempts cut."""
+        if replica.probe_down:
+            return
+        replica.probe_down = True
+        was_up = replica.healthy or self.outlier.ejected(replica.name)
+        replica.healthy = False
+        self.outlier.down(replica.name)
+        if was_up:
+            health_log.warning("replica %s is down: %s", replica.name, reason)
+        # Attempts still waiting for its answer would wait out their whole deadline on a
+        # replica that no longer answers probes: end them now, to be retried elsewhere.
+        if replica.awaiting:
+            now = asyncio.get_running_loop().time()
+            for deadline in replica.awaiting:
+                if not deadline.expired():
+                    deadline.reschedule(now)
+
+    def _tick(self, now: float) -> None:
+        ended, ramped = self.outlier.tick(now)
+        for name in ramped:
+            log.info("replica %s ramp-up done: back to its full share", name)
+        for name in ended:
+            replica = self.replicas[name]
+            if replica.probe_down:
+                log.info("replica %s: ejection over, but it fails health checks", name)
+            else:
+                self._back(replica, now, "returns after its ejection", log)
+
+    def _back(self, replica: ReplicaState, now: float, what: str, logger: logging.Logger) -> None:
+        replica.healthy = True
+        replica.passive_failures = 0
+        if self.outlier.up(replica.name, now):
+            start = 100 * self.outlier.config.ramp_start
+            logger.info(
+                "replica %s %s: ramping up from %g%% of its share", replica.name, what, start
+            )
+        else:
+            logger.info("replica %s %s", replica.name, what)
 
     def known_models(self) -> frozenset[str]:
         """Every model any replica serves or has served, healthy or not."""
@@ -95,7 +214,10 @@ class ReplicaPool:
         return list(seen.values())
 
     def live_rows(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+        now = self.clock()
+        outlier = self.outlier
+        if now >= outlier.next_event:
+            self._tick(now)
         return [
             {
                 "name": r.name,
@@ -107,6 +229,9 @@ class ReplicaPool:
                 "scrape_interval_s": r.scrape_interval_s,
                 "gpu_mem_used_frac": r.gpu_mem_used_frac,
                 "gpu_util": r.gpu_util,
+                "ejected": outlier.ejected(r.name),
+                "admit_fraction": outlier.fraction(r.name, now),
+                "ejections": dict(self.ejections[r.name]),
             }
             for r in self.replicas.values()
         ]

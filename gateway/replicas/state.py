@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,9 @@ class ReplicaState:
     model_cards: tuple[dict[str, Any], ...] = ()
     models: frozenset[str] = frozenset()
     consecutive_failures: int = 0
+    # Health checks hold it down (their unhealthy threshold met, the healthy one not since);
+    # `healthy` is whether it is routable: up by health checks and not ejected (pool.py).
+    probe_down: bool = False
     passive_failures: int = 0
     last_error: str = ""
     requests_total: int = 0
@@ -54,6 +58,8 @@ class ReplicaState:
     gpu_mem_used_frac: float | None = None
     gpu_util: float | None = None
     gpu_seen_at: float = 0.0
+    # Deadlines of attempts waiting for this replica's answer (cut short when it goes down).
+    awaiting: set[asyncio.Timeout] = field(default_factory=set, repr=False, compare=False)
     # The last snapshot and what it was built from: most replicas are unchanged between two
     # requests, and building one costs ~3 µs (16 replicas: most of a routing decision).
     _snap: ReplicaSnapshot | None = field(default=None, init=False, repr=False, compare=False)
@@ -84,7 +90,8 @@ class ReplicaState:
         """Freshness at this instant, with the configured staleness bound (tests, metrics)."""
         return self.freshness(time.monotonic())
 
-    def snapshot(self, now: float) -> ReplicaSnapshot:
+    def snapshot(self, now: float, admitted: bool = True) -> ReplicaSnapshot:
+        """What the router sees; `admitted` False: a returning replica sits this one out."""
         fresh = self.freshness(now)
         gpu_ok = now - self.gpu_seen_at <= self.gpu_stale_s
         key = (
@@ -98,14 +105,15 @@ class ReplicaState:
             self.gpu_seen_at,
             self.models,
             self.loaded_adapters,
+            admitted,
         )
         if self._snap is not None and key == self._snap_key:
             return self._snap
-        snap = self._build_snapshot(fresh, gpu_ok)
+        snap = self._build_snapshot(fresh, gpu_ok, admitted)
         self._snap, self._snap_key = snap, key
         return snap
 
-    def _build_snapshot(self, fresh: float, gpu_ok: bool) -> ReplicaSnapshot:
+    def _build_snapshot(self, fresh: float, gpu_ok: bool, admitted: bool) -> ReplicaSnapshot:
         m = self.metrics
         running = waiting = kv = None
         capacity = None
@@ -144,4 +152,5 @@ class ReplicaState:
             loaded_adapters=self.loaded_adapters,
             queued_prefill_tokens=self.queued_prefill_tokens,
             cached_blocks=self.cached_blocks,
+            admitted=admitted,
         )

@@ -1,5 +1,8 @@
 """Filter: drop replicas marked unhealthy by health checks or outlier detection.
 
+A returning replica the gateway has sit a decision out (`admitted` false, its ramp back to
+a full share) is dropped like an unhealthy one.
+
 When the healthy fraction of the candidates falls below panic_threshold, every candidate is
 kept (Envoy's panic mode). At 0 it never panics, so an all-unhealthy fleet yields no
 candidate and the gateway answers 503.
@@ -36,7 +39,7 @@ class Healthy:
     def filter(
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]
     ) -> Sequence[ReplicaSnapshot]:
-        kept = [r for r in replicas if r.healthy]
+        kept = [r for r in replicas if r.healthy and r.admitted]
         if len(kept) == len(replicas):
             return replicas
         if self._panic > 0.0 and len(kept) < self._panic * len(replicas):

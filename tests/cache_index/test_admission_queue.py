@@ -187,7 +187,8 @@ def test_remove_drops_a_ticket_and_keeps_dead_entries_bounded() -> None:
         assert q.remove(f"gone{i}")
     assert not q.remove("gone0")
     assert q.depth()[("m", "le128")] == 1
-    assert len(q._queues[("m", 0)]) <= 2 * 1 + 17
+    # One queue per (model, bucket, class, tenant): the default class and tenant here.
+    assert len(q._queues[("m", 0, 0, "")]) <= 2 * 1 + 17
     assert drain(q, now=0.0) == ["keep"]
 
 

@@ -350,11 +350,14 @@ def test_holders_tied_on_match_and_load_go_by_score_then_at_random() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"full_allowance_share": 0.0}, "full_allowance_share must be in"),
-        ({"full_allowance_share": 1.5}, "full_allowance_share must be in"),
+        ({"full_allowance_share": 0.0}, r"full_allowance_share in \(0, 1\]"),
+        ({"full_allowance_share": 1.5}, r"full_allowance_share in \(0, 1\]"),
         ({"guard_ratio": 0.9}, "guard_ratio >= 1"),
         ({"guard_slack": -1}, "guard_slack >= 0"),
-        ({"min_match_blocks": 0}, "min_match_blocks must be >= 1"),
+        ({"min_match_blocks": 0}, "min_match_blocks >= 1"),
+        ({"share_window": -1}, "share_window >= 0"),
+        ({"share_ratio": 0.5}, "share_ratio >= 1"),
+        ({"share_slack": -2}, "share_slack >= 0"),
     ],
 )
 def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) -> None:

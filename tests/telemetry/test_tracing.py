@@ -13,6 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from gateway.config import RoutingConfig, TelemetryConfig
 from gateway.process import running_gateway
+from gateway.proxy.tenancy_config import TenancyConfig
 from simulator import SimFleet
 from tests.gateway.conftest import MODEL, gateway_config, set_faults
 
@@ -65,6 +66,8 @@ async def test_request_and_retried_attempts_are_traced(
         fleet,
         routing=RoutingConfig(profile="round_robin"),
         telemetry=TelemetryConfig(tracing_endpoint=endpoint),
+        # The test client is on loopback: trusted to name its tenant by header.
+        tenancy=TenancyConfig(trusted_sources=("127.0.0.1/32",)),
     )
     cfg = replace(cfg, health_check=replace(cfg.health_check, interval_s=30.0))
     async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url) as c:
@@ -95,4 +98,5 @@ async def test_request_and_retried_attempts_are_traced(
     done = _attrs(servers[0])
     assert done["llm_gateway.model"] == MODEL and done["http.response.status_code"] == 200
     assert done["llm_gateway.branch"] == "round_robin"
-    assert (done["llm_gateway.tenant"], done["llm_gateway.priority"]) == ("acme", 3)
+    # The priority is the admission class: x-priority 3 is past the lowest, P2.
+    assert (done["llm_gateway.tenant"], done["llm_gateway.priority"]) == ("acme", 2)

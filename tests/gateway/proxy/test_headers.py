@@ -8,6 +8,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig, UpstreamConfig
+from gateway.proxy.headers import ForwardPolicy, upstream_request_headers
 from tests.gateway.conftest import in_process
 
 
@@ -78,3 +79,107 @@ async def test_hop_by_hop_and_credentials(
         assert r.headers["x-upstream"] == "1"
         assert "proxy-connection" not in r.headers and "keep-alive" not in r.headers
         assert r.headers["x-request-id"] == "rid-7"
+
+
+CLIENT_HEADERS = {
+    "Authorization": "Bearer client-secret",
+    "Cookie": "session=abc",
+    "X-Api-Key": "client-api-key",
+    "Proxy-Authorization": "Basic cHJveHk6c2VjcmV0",
+    "X-Forwarded-For": "6.6.6.6",
+    "X-Forwarded-Proto": "https",
+    "X-Custom": "kept",
+}
+
+
+async def _forwarded(url: str, seen: list[dict[str, str]], server: ServerConfig) -> dict[str, str]:
+    cfg = GatewayConfig(
+        server=server, replicas=(ReplicaConfig(url=url, name="rec", models=("m",)),)
+    )
+    async with in_process(cfg) as gw:
+        r = await gw.client.post(
+            "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            headers=CLIENT_HEADERS,
+        )
+        assert r.status_code == 200
+    return seen[-1]
+
+
+async def test_credentials_and_forwarded_claims_stay_at_the_gateway(
+    recording_upstream: tuple[str, list[dict[str, str]]],
+) -> None:
+    up = await _forwarded(*recording_upstream, ServerConfig(port=0))
+    for name in ("authorization", "cookie", "x-api-key", "proxy-authorization"):
+        assert name not in up, name
+    for secret in ("client-secret", "session=abc", "client-api-key", "cHJveHk6"):
+        assert secret not in str(up)
+    # The client's own X-Forwarded-* is replaced: httpx's ASGI client is 127.0.0.1.
+    assert up["x-forwarded-for"] == "127.0.0.1"
+    assert up["x-forwarded-proto"] == "http"
+    assert up["x-custom"] == "kept"
+
+
+async def test_forward_headers_lets_named_credentials_through(
+    recording_upstream: tuple[str, list[dict[str, str]]],
+) -> None:
+    server = ServerConfig(port=0, forward_headers=("Cookie", "authorization"))
+    up = await _forwarded(*recording_upstream, server)
+    assert up["cookie"] == "session=abc"
+    assert up["authorization"] == "Bearer client-secret"  # no [upstream] api_key to replace it
+    assert "x-api-key" not in up and "proxy-authorization" not in up
+
+
+async def test_a_trusted_proxy_s_forwarded_chain_is_appended_to(
+    recording_upstream: tuple[str, list[dict[str, str]]],
+) -> None:
+    up = await _forwarded(
+        *recording_upstream, ServerConfig(port=0, trusted_proxies=("127.0.0.0/8",))
+    )
+    assert up["x-forwarded-for"] == "6.6.6.6, 127.0.0.1"
+    assert up["x-forwarded-proto"] == "https"
+
+
+def test_forward_policy_edges() -> None:
+    policy = ForwardPolicy((), ("10.0.0.0/8", "fd00::/8"))
+    headers = [
+        (b"connection", b"keep-alive, x-secret-hop"),
+        (b"x-secret-hop", b"1"),
+        (b"x-forwarded-for", b"1.1.1.1"),
+        (b"x-forwarded-for", b"2.2.2.2"),
+        (b"te", b"trailers"),
+        (b"accept", b"*/*"),
+    ]
+    out = dict(policy.apply(headers, "fd00::5", "http"))
+    assert out == {
+        b"accept": b"*/*",
+        b"x-forwarded-for": b"1.1.1.1, 2.2.2.2, fd00::5",
+        b"x-forwarded-proto": b"http",
+    }
+    assert dict(policy.apply(headers, "11.0.0.1", "https"))[b"x-forwarded-for"] == b"11.0.0.1"
+    # No peer (a unix socket): nothing to claim, the client's chain still dropped.
+    assert b"x-forwarded-for" not in dict(policy.apply(headers, None, "http"))
+    # Taken as they are upstream; an unvetted list gets the default drops.
+    assert (
+        upstream_request_headers(policy.apply(headers, "10.1.1.1", "http"), "r", "")[
+            "x-forwarded-for"
+        ]
+        == "1.1.1.1, 2.2.2.2, 10.1.1.1"
+    )
+    raw = upstream_request_headers([(b"cookie", b"c"), (b"x-forwarded-for", b"9.9.9.9")], "r", "")
+    assert raw == {"x-request-id": "r"}
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"forward_headers": ("host",)},
+        {"forward_headers": ("Transfer-Encoding",)},
+        {"forward_headers": ("x-forwarded-for",)},
+        {"trusted_proxies": ("10.0.0.0/33",)},
+        {"trusted_proxies": ("proxy.internal",)},
+    ],
+)
+def test_forwarding_config_is_checked(server: dict[str, tuple[str, ...]]) -> None:
+    with pytest.raises(ValueError):
+        ServerConfig(**server)  # type: ignore[arg-type]

@@ -247,6 +247,62 @@ async def test_each_kind_of_request_has_its_own_first_byte_budget(stream: bool, 
     assert r.idle()
 
 
+async def test_a_stream_without_a_response_head_is_retried_after_the_head_timeout() -> None:
+    r = rig(
+        FakeUpstream(by_replica={"r0": Answer(hang="headers")}),
+        response_head_timeout_s=FAST,
+        first_byte_timeout_s=100 * FAST,
+    )
+    started = time.monotonic()
+    exchange, body, ok = await serve(r, chat(stream=True))
+    assert time.monotonic() - started < 50 * FAST
+    assert ok and exchange.lease.replica.name == "r1" and body.endswith(b"[DONE]\n\n")
+    assert r.upstream.calls == ["r0", "r1"] and r.retries("r0", "head_timeout") == 1.0
+    assert r.idle()
+
+
+async def test_a_stream_whose_head_came_waits_for_its_first_chunk_under_the_total() -> None:
+    # The head deadline ends with the head: the first chunk has first_byte_timeout_s.
+    r = rig(
+        FakeUpstream(default=Answer(hang="first_byte")),
+        response_head_timeout_s=FAST,
+        first_byte_timeout_s=10 * FAST,
+        max_retries=0,
+    )
+    started = time.monotonic()
+    assert isinstance(await refused(r, chat(stream=True)), UpstreamTimeout)
+    assert time.monotonic() - started >= 10 * FAST
+    assert r.retries(r.upstream.calls[0], "timeout") == 1.0
+
+
+async def test_a_non_streamed_answer_is_not_held_to_the_head_timeout() -> None:
+    # vLLM sends a non-streamed answer's head with its body, after the whole generation.
+    r = rig(
+        FakeUpstream(default=Answer(hang="headers")),
+        response_head_timeout_s=FAST,
+        non_stream_timeout_s=10 * FAST,
+        max_retries=0,
+    )
+    started = time.monotonic()
+    assert isinstance(await refused(r, chat()), UpstreamTimeout)
+    assert time.monotonic() - started >= 10 * FAST
+    assert r.retries(r.upstream.calls[0], "timeout") == 1.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_attempts_waiting_on_a_replica_health_checks_mark_down_are_retried(
+    stream: bool,
+) -> None:
+    r = rig(FakeUpstream(by_replica={"r0": Answer(hang="headers")}), non_stream_timeout_s=100.0)
+    task = asyncio.create_task(serve(r, chat(stream)))
+    await asyncio.wait_for(r.upstream.waiting.wait(), timeout=5.0)
+    r.pool.probe_failed(r.pool["r0"], "TimeoutError")
+    exchange, _, ok = await asyncio.wait_for(task, timeout=5.0)
+    assert ok and exchange.lease.replica.name == "r1"
+    assert r.retries("r0", "replica_down") == 1.0 and not r.pool["r0"].awaiting
+    assert r.idle()
+
+
 async def test_a_gap_after_the_first_chunk_is_the_idle_timeouts_not_a_retry() -> None:
     # The first chunk came in time: a stall after it breaks the stream (the client has bytes
     # already) after idle_timeout_s, however long the first-byte budget is.
@@ -353,6 +409,17 @@ async def test_passive_failures_mark_a_replica_down() -> None:
     # Down after its second failure, and routed around from then on.
     assert not r0.healthy and r0.errors_total == 2 and r.upstream.calls.count("r0") == 2
     assert r.pool["r1"].healthy and r.idle()
+
+
+async def test_an_out_of_memory_error_body_ejects_the_replica_at_once() -> None:
+    oom = b'{"error":{"message":"CUDA out of memory. Tried to allocate 20.00 MiB"}}'
+    r = rig(FakeUpstream(by_replica={"r0": Answer(status=500, body=oom)}), threshold=100)
+    exchange, _, ok = await serve(r, chat())
+    assert ok and exchange.lease.replica.name == "r1"
+    assert r.pool.outlier.ejected("r0") and r.pool.ejections["r0"] == {"out_of_memory": 1}
+    for _ in range(4):
+        assert (await serve(r, chat()))[0].lease.replica.name == "r1"
+    assert r.upstream.calls.count("r0") == 1 and r.idle()
 
 
 async def test_a_success_resets_the_passive_failure_count() -> None:
