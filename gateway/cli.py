@@ -111,6 +111,7 @@ _LAZY: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "overhead"), "benchmarks.overhead", "the gateway's own cost vs a direct connection"),
     (("bench", "routing"), "benchmarks.routing_bench.cli", "routing quality beside peer routers"),
     (("bench", "routing-cost"), "benchmarks.routing_cost", "CPU cost of one routing decision"),
+    (("bench", "replay"), "benchmarks.replay.cli", "closed-loop multi-turn replay per contender"),
 )
 # What the `bench` extra installs beyond the gateway's own dependencies.
 BENCH_MODULES = ("matplotlib",)

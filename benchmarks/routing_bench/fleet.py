@@ -7,6 +7,7 @@ import contextlib
 import os
 import random
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ WAITING = "vllm:num_requests_waiting"
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+SUCCESS = "vllm:request_success_total"
 _WANTED = (RUNNING, WAITING, HITS, QUERIES, PREEMPTIONS)
 
 
@@ -136,7 +138,9 @@ async def start_sim(p: SimParams, log: Path) -> RunningFleet:
     return RunningFleet(info, size, params, [proc.pid], proc)
 
 
-async def start_vllm_cpu(replicas: int, num_gpu_blocks: int, block_size: int) -> RunningFleet:
+async def start_vllm_cpu(
+    replicas: int, num_gpu_blocks: int, block_size: int, max_model_len: int = 1024
+) -> RunningFleet:
     """Real vLLM CPU replicas from benchmarks.vllm_cpu (imported only when asked for)."""
     try:
         from benchmarks.vllm_cpu import VllmFleet
@@ -150,6 +154,8 @@ async def start_vllm_cpu(replicas: int, num_gpu_blocks: int, block_size: int) ->
         base_port=0,
         num_gpu_blocks=num_gpu_blocks,
         block_size=block_size,
+        # The launcher's default context; long prompts need more (bench replay).
+        max_model_len=max_model_len,
         kv_events=True,
     )
     try:
@@ -198,9 +204,9 @@ def _pid_of(replica: Any) -> int | None:
     return None
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """The few vLLM series the benchmark reads, summed over label sets."""
-    out = dict.fromkeys(_WANTED, 0.0)
+def parse_metrics(text: str, names: Sequence[str] = _WANTED) -> dict[str, float]:
+    """The few vLLM series the benchmark reads (`names`), summed over label sets."""
+    out = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -211,12 +217,14 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape(session: aiohttp.ClientSession, urls: tuple[str, ...]) -> list[dict[str, float]]:
-    """Every replica's counters and gauges, in replica order."""
+async def scrape(
+    session: aiohttp.ClientSession, urls: tuple[str, ...], names: Sequence[str] = _WANTED
+) -> list[dict[str, float]]:
+    """Every replica's counters and gauges (`names`), in replica order."""
 
     async def one(url: str) -> dict[str, float]:
         async with session.get(f"{url}/metrics", timeout=_HTTP_TIMEOUT) as resp:
-            return parse_metrics(await resp.text())
+            return parse_metrics(await resp.text(), names)
 
     return list(await asyncio.gather(*(one(u) for u in urls)))
 

@@ -62,6 +62,62 @@ def _event(kind: str, **fields: Any) -> None:
     print(json.dumps({"event": kind, "t": time.time(), **fields}), flush=True)
 
 
+async def stream_chat(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    rec: dict[str, Any],
+) -> None:
+    """POST one streamed chat request; fill rec's status, ttft, gaps, e2e, usage and error.
+
+    rec["sent"] is the send time TTFT and e2e count from; errors raise (aiohttp, timeouts).
+    """
+    t0 = float(rec["sent"])
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=_IDLE_TIMEOUT_S
+    )
+    headers["content-type"] = "application/json"
+    async with session.post(url, data=body, headers=headers, timeout=timeout) as resp:
+        rec["status"] = resp.status
+        if resp.status != 200:
+            rec["error"] = (await resp.text())[:200]
+            return
+        last = 0.0
+        done = False
+        async for line in resp.content:
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:].strip()
+            if payload == b"[DONE]":
+                done = True
+                break
+            obj = orjson.loads(payload)
+            if "error" in obj:
+                rec["error"] = str(obj["error"])[:200]
+                return
+            now = time.time()
+            for ch in obj.get("choices") or ():
+                if (ch.get("delta") or {}).get("content"):
+                    if rec["ttft"] is None:
+                        rec["ttft"] = now - t0
+                    else:
+                        rec["gaps"].append(round(now - last, 6))
+                    last = now
+                    break
+            usage = obj.get("usage")
+            if usage:
+                rec["tokens"] = usage.get("completion_tokens", 0)
+                rec["prompt_tokens"] = usage.get("prompt_tokens")
+                details = usage.get("prompt_tokens_details") or {}
+                rec["cached_tokens"] = details.get("cached_tokens")
+        rec["e2e"] = time.time() - t0
+        if not done:
+            rec["error"] = "stream ended without [DONE]"
+        elif rec["ttft"] is None:
+            rec["error"] = "no content"
+
+
 class _Run:
     def __init__(self, spec: LoadSpec, session: aiohttp.ClientSession, out: IO[bytes]) -> None:
         self.spec = spec
@@ -109,7 +165,7 @@ class _Run:
         rec["sent"] = t0
         self.lags.append(t0 - sched)
         try:
-            await self._stream(body, headers, rec, t0)
+            await stream_chat(self.session, f"{spec.url}/v1/chat/completions", body, headers, rec)
         except asyncio.CancelledError:
             rec["error"] = rec["error"] or "cancelled at the drain deadline"
             self._write(rec)
@@ -117,53 +173,6 @@ class _Run:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             rec["error"] = f"{type(exc).__name__}: {exc}"[:200]
         self._write(rec)
-
-    async def _stream(
-        self, body: bytes, headers: dict[str, str], rec: dict[str, Any], t0: float
-    ) -> None:
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=_CONNECT_TIMEOUT_S, sock_read=_IDLE_TIMEOUT_S
-        )
-        url = f"{self.spec.url}/v1/chat/completions"
-        headers["content-type"] = "application/json"
-        async with self.session.post(url, data=body, headers=headers, timeout=timeout) as resp:
-            rec["status"] = resp.status
-            if resp.status != 200:
-                rec["error"] = (await resp.text())[:200]
-                return
-            last = 0.0
-            done = False
-            async for line in resp.content:
-                if not line.startswith(b"data: "):
-                    continue
-                payload = line[6:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                    break
-                obj = orjson.loads(payload)
-                if "error" in obj:
-                    rec["error"] = str(obj["error"])[:200]
-                    return
-                now = time.time()
-                for ch in obj.get("choices") or ():
-                    if (ch.get("delta") or {}).get("content"):
-                        if rec["ttft"] is None:
-                            rec["ttft"] = now - t0
-                        else:
-                            rec["gaps"].append(round(now - last, 6))
-                        last = now
-                        break
-                usage = obj.get("usage")
-                if usage:
-                    rec["tokens"] = usage.get("completion_tokens", 0)
-                    rec["prompt_tokens"] = usage.get("prompt_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    rec["cached_tokens"] = details.get("cached_tokens")
-            rec["e2e"] = time.time() - t0
-            if not done:
-                rec["error"] = "stream ended without [DONE]"
-            elif rec["ttft"] is None:
-                rec["error"] = "no content"
 
     def _write(self, rec: dict[str, Any]) -> None:
         self.done += 1

@@ -98,6 +98,25 @@ def _r(v: float | None, digits: int = 4) -> float | None:
     return None if v is None else round(v, digits)
 
 
+def cached_token_rate(good: Sequence[Mapping[str, Any]]) -> float | None:
+    """Cached over prompt tokens, from the answers' usage (those that reported both)."""
+    cached = [r for r in good if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
+    if not cached:
+        return None
+    hits = sum(float(r["cached_tokens"]) for r in cached)
+    return hits / sum(float(r["prompt_tokens"]) for r in cached)
+
+
+def error_kinds(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Failed requests by kind: the HTTP status, else the start of the error."""
+    errors: dict[str, int] = {}
+    for r in records:
+        if not ok(r):
+            key = f"HTTP {r.get('status')}" if r.get("status") != 200 else str(r.get("error"))[:60]
+            errors[key] = errors.get(key, 0) + 1
+    return errors
+
+
 def step_row(
     records: Sequence[Mapping[str, Any]],
     start: Snapshot,
@@ -113,15 +132,9 @@ def step_row(
     lags = [float(r["sent"]) - float(r["sched"]) for r in records]
     window = end.t - start.t
     tokens = sum(tokens_in_window(r, start.t, end.t) for r in all_records)
-    cached = [r for r in good if r.get("cached_tokens") is not None and r.get("prompt_tokens")]
     cpu = cpu_use(start, end)
     if "machine" in cpu:
         cpu["others"] = round(max(0.0, cpu.pop("machine") - sum(cpu.get(k, 0.0) for k in _OURS)), 3)
-    errors: dict[str, int] = {}
-    for r in records:
-        if not ok(r):
-            key = f"HTTP {r.get('status')}" if r.get("status") != 200 else str(r.get("error"))[:60]
-            errors[key] = errors.get(key, 0) + 1
     return {
         "requests": len(records),
         "ttft_p50_s": _r(percentile(ttft, 50)),
@@ -134,11 +147,7 @@ def step_row(
         "output_tok_s": round(tokens / window, 1) if window > 0 else None,
         "success_rate": _r(len(good) / len(records)) if records else None,
         "hit_rate": _r(hit_rate(start, end)),
-        "cached_token_rate": _r(
-            sum(r["cached_tokens"] for r in cached) / sum(r["prompt_tokens"] for r in cached)
-        )
-        if cached
-        else None,
+        "cached_token_rate": _r(cached_token_rate(good)),
         # vLLM preempts (and later recomputes) running requests when decode outgrows the KV.
         "preemptions": round(end.preemptions - start.preemptions),
         "imbalance": _r(imbalance(running)),
@@ -148,7 +157,7 @@ def step_row(
         "send_lag_p50_ms": _r(_ms(percentile(lags, 50)), 2),
         "send_lag_p99_ms": _r(_ms(percentile(lags, 99)), 2),
         "send_lag_max_ms": _r(_ms(max(lags) if lags else None), 2),
-        "errors": errors,
+        "errors": error_kinds(records),
     }
 
 
