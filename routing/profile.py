@@ -119,9 +119,18 @@ _AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
 # A match under 1/8 of the holder's KV cache earns that share of the allowance: a short system
 # prompt is cheap to copy, so its first holders should not take every new conversation
 # (benchmarks/results/2026-11-30-routing-sim/analysis.md).
+# The share window (256 picks) bounds what the load guard cannot at low concurrency: with 4 in
+# flight on real vLLM a common system prompt's first holder drew every new conversation (half
+# the requests on one of 4 replicas); with it every round stayed within 1.5x max/min share at
+# the same hit rate (benchmarks/results/2026-12-02-share-bound-vllm-cpu/analysis.md).
 _GUARD = PluginSpec(
     "affinity_guard",
-    params={"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": 0.125},
+    params={
+        "guard_ratio": 2.0,
+        "guard_slack": 8.0,
+        "full_allowance_share": 0.125,
+        "share_window": 256,
+    },
 )
 _LOAD_SCORERS = (
     PluginSpec("least_inflight", 1.0),

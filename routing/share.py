@@ -58,6 +58,10 @@ class Shares:
         """True when replica i has more than mean + weight x room of the recent picks."""
         return self._counts[i] > self._mean + weight * self._room
 
+    def count(self, i: int) -> int:
+        """Recent picks of replica i."""
+        return self._counts[i]
+
     def fewest(self, tied: Sequence[int]) -> list[int]:
         """The indices among `tied` with the fewest recent picks."""
         counts = self._counts

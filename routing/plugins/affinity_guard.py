@@ -3,13 +3,14 @@
 A replica passes the load guard when load (routing.scoring.load) <= guard_ratio x mean
 candidate load + guard_slack; the slack lets an idle fleet take requests at all.
 1. request.affinity_replica passing it: "prompt_cache_hit", "session", "prefix_home".
-2. Holders (request.prefix_match >= min_match_blocks), by longest match, least load, highest
-   total, then at random; the first passing wins: "prefix_hit". A match filling a share
-   s < full_allowance_share of the holder's KV cache earns w = s / full_allowance_share of
-   the allowance above the least load (routing.scoring.allowance), and with share_window > 0
-   passes only while its count among the last share_window picks is <= mean + w x
-   ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so its holders
-   must not draw every new prefix, at any load. Full matches (w = 1) have no share bound.
+2. Holders (request.prefix_match >= min_match_blocks), by longest match, least load, fewest
+   recent picks, highest total, then at random; the first passing wins: "prefix_hit". A
+   match filling s < full_allowance_share of the holder's KV cache earns w = s /
+   full_allowance_share of the allowance above the least load (routing.scoring.allowance);
+   with share_window > 0 it passes only while its count among the last share_window picks is
+   <= mean + w x ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so
+   its holders must not draw every new prefix, at any load. Full matches (w = 1) and affinity
+   have no share bound unless share_all.
 3. A candidate of 1 or 2 failed: "share_guard" if a holder failed its share, else "load_guard".
 4. Nothing cached anywhere: "miss_by_load".
 In 3 and 4 the best total within the guards wins; ties go to the fewest recent picks (so an
@@ -42,6 +43,7 @@ class Params:
     share_window: int = param(0, "recent picks each replica's share is counted over (0: off)")
     share_ratio: float = param(2.0, "share allowed relative to the mean recent share")
     share_slack: float = param(8.0, "picks allowed above share_ratio x mean recent share")
+    share_all: bool = param(False, "bound full matches and affinity too (w = 1)")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
     def __post_init__(self) -> None:
@@ -85,22 +87,24 @@ class AffinityGuard:
         over: set[int] = set()
         target = request.affinity_replica
         i = next((i for i, r in enumerate(replicas) if r.name == target), -1) if target else -1
-        if i >= 0 and loads[i] <= limit:
+        if i >= 0 and p.share_all and shares.over(i):
+            over.add(i)
+        elif i >= 0 and loads[i] <= limit:
             return Pick(i, affinity_branch(request))
         guarded = i >= 0
         match = request.prefix_match if p.prefix_holders else None
         limits = [limit] * n
         if match:
             holders = [
-                (-m, loads[i], -totals[i], self._rng.random(), i)
+                (-m, loads[i], shares.count(i), -totals[i], self._rng.random(), i)
                 for i, r in enumerate(replicas)
                 if (m := match.get(r.name, 0)) >= p.min_match_blocks
             ]
             least = min(loads)
-            for neg_m, lo, _, _, i in sorted(holders):
+            for neg_m, lo, *_, i in sorted(holders):
                 w = allowance(request, replicas[i], -neg_m, p.full_allowance_share)
                 limits[i] = least + w * (limit - least)
-                if w < 1.0 and shares.over(i, w):
+                if (w < 1.0 or p.share_all) and shares.over(i, w):
                     over.add(i)
                 elif lo <= limits[i]:
                     return Pick(i, Branch.PREFIX_HIT)

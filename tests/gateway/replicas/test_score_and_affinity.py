@@ -190,10 +190,12 @@ async def test_burst_on_one_prefix_spreads_once_the_holder_is_loaded() -> None:
             )
             spread = Counter(await _in_flight_during(gw, c, [long] * BURST))
             _, most = spread.most_common(1)[0]
-            assert most < BURST, spread  # the holder took its share, the rest spilled by load
-            # ...but affinity held while the holder was not loaded (2 x mean + 8: 17 of 24).
-            assert most >= 12, spread
-            assert 'branch="load_guard"' in (await c.get("/metrics")).text
+            assert most < BURST, spread  # the holder took its share, the rest spilled
+            # ...but affinity held past an even share (24 / 4): the load guard alone would
+            # allow 17 of 24; the share window releases a short match sooner (its allowance).
+            assert most > BURST // 4, spread
+            text = (await c.get("/metrics")).text
+            assert 'branch="load_guard"' in text or 'branch="share_guard"' in text
 
 
 async def test_new_questions_on_a_short_system_prompt_spread_over_the_fleet() -> None:
