@@ -7,14 +7,14 @@ candidate load + guard_slack; the slack lets an idle fleet take requests at all.
    recent picks, highest total, then at random; the first passing wins: "prefix_hit". A
    match filling s < full_allowance_share of the holder's KV cache earns w = s /
    full_allowance_share of the allowance above the least load (routing.scoring.allowance);
-   with share_window > 0 it passes only while its count among the last share_window picks is
-   <= mean + w x ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so
-   its holders must not draw every new prefix, at any load. Full matches (w = 1) and affinity
+   with share_window > 0, while the load guard cannot bind (the total load fits within it), it
+   passes only while its count among the last share_window picks is <= mean + w x
+   ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so its holders
+   must not draw every new prefix at low concurrency either. Full matches (w = 1) and affinity
    have no share bound unless share_all.
-3. A candidate of 1 or 2 failed: "share_guard" if a holder failed its share, else "load_guard".
-4. Nothing cached anywhere: "miss_by_load".
-In 3 and 4 the best total within the guards wins; ties go to the fewest recent picks (so an
-idle fleet places new prefixes evenly, not by luck), then at random.
+3. A candidate failed: "share_guard" if a holder failed its share, else "load_guard". 4. None:
+"miss_by_load". In 3 and 4 the best total within the guards wins; ties go to the fewest recent
+picks (an idle fleet places new prefixes evenly, not by luck), then at random.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ class AffinityGuard:
         p, n = self._p, len(replicas)
         loads = [load(r) for r in replicas]
         limit = p.guard_ratio * sum(loads) / n + p.guard_slack
-        # share_window = 0: every count is 0, nothing is over, every tie stays a tie.
+        # Bounded only while the load guard cannot bind (one replica may hold all the load).
         shares = Shares(self._share.counts(replicas), p.share_ratio, p.share_slack)
-        over: set[int] = set()
+        bound, over = sum(loads) <= limit, set[int]()
         target = request.affinity_replica
         i = next((i for i, r in enumerate(replicas) if r.name == target), -1) if target else -1
-        if i >= 0 and p.share_all and shares.over(i):
+        if i >= 0 and bound and p.share_all and shares.over(i):
             over.add(i)
         elif i >= 0 and loads[i] <= limit:
             return Pick(i, affinity_branch(request))
@@ -104,7 +104,7 @@ class AffinityGuard:
             for neg_m, lo, *_, i in sorted(holders):
                 w = allowance(request, replicas[i], -neg_m, p.full_allowance_share)
                 limits[i] = least + w * (limit - least)
-                if (w < 1.0 or p.share_all) and shares.over(i, w):
+                if bound and (w < 1.0 or p.share_all) and shares.over(i, w):
                     over.add(i)
                 elif lo <= limits[i]:
                     return Pick(i, Branch.PREFIX_HIT)

@@ -101,3 +101,17 @@ def test_a_weak_holder_over_its_share_gives_share_guard() -> None:
     assert branches[Branch.PREFIX_HIT] >= 8 and branches[Branch.SHARE_GUARD] >= 20, branches
     spread = Counter(fleet[p.index].name for p in picks)
     assert max(spread.values()) - min(spread.values()) <= 2, spread
+
+
+def test_the_share_bound_steps_aside_once_the_load_guard_can_bind() -> None:
+    # 40 in flight over 4 replicas: the load guard (2 x 10 + 8 = 28) can stop a pile-up by
+    # itself, so a weak holder far over its share of picks is still followed within it.
+    picker = PLUGINS["affinity_guard"].build(
+        {"seed": 0, "share_window": 40, "full_allowance_share": 0.125}
+    )
+    fleet = [replica(n, in_flight=10, cache_capacity_tokens=CAPACITY) for n in NAMES]
+    weak = RequestFeatures(model=MODEL, prefix_match={"a": 2}, block_tokens=32)
+    limit_w = 10 + 0.03 * (28 - 10)  # least + w x (limit - least): "a" at 10 passes
+    assert fleet[0].in_flight <= limit_w
+    branches = {picker.pick(weak, fleet, [0.0] * 4).branch for _ in range(40)}
+    assert branches == {Branch.PREFIX_HIT}
