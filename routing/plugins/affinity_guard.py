@@ -6,15 +6,16 @@ candidate load + guard_slack; the slack lets an idle fleet take requests at all.
 2. Holders (request.prefix_match >= min_match_blocks), by longest match, least load, fewest
    recent picks, highest total, then at random; the first passing wins: "prefix_hit". A
    match filling s < full_allowance_share of the holder's KV cache earns w = s /
-   full_allowance_share of the allowance above the least load (routing.scoring.allowance);
-   with share_window > 0, while the load guard cannot bind (the total load fits within it), it
-   passes only while its count among the last share_window picks is <= mean + w x
-   ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so its holders
-   must not draw every new prefix at low concurrency either. Full matches (w = 1) and affinity
-   have no share bound unless share_all.
+   full_allowance_share of the allowance above the least load (routing.scoring.allowance),
+   and passes the share bound while its count among the last share_window picks is <= mean
+   + w x ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so its
+   holders must not draw every new prefix. Full matches (w = 1) and affinity have no share
+   bound unless share_all.
 3. A candidate failed: "share_guard" if a holder failed its share, else "load_guard". 4. None:
 "miss_by_load". In 3 and 4 the best total within the guards wins; ties go to the fewest recent
 picks (an idle fleet places new prefixes evenly, not by luck), then at random.
+The share window (bound, and fewest picks) acts only while the load guard cannot bind (the
+candidates' total load fits within it: low concurrency); under load the guard alone decides.
 """
 
 from __future__ import annotations
@@ -82,7 +83,6 @@ class AffinityGuard:
         p, n = self._p, len(replicas)
         loads = [load(r) for r in replicas]
         limit = p.guard_ratio * sum(loads) / n + p.guard_slack
-        # Bounded only while the load guard cannot bind (one replica may hold all the load).
         shares = Shares(self._share.counts(replicas), p.share_ratio, p.share_slack)
         bound, over = sum(loads) <= limit, set[int]()
         target = request.affinity_replica
@@ -96,7 +96,7 @@ class AffinityGuard:
         limits = [limit] * n
         if match:
             holders = [
-                (-m, loads[i], shares.count(i), -totals[i], self._rng.random(), i)
+                (-m, loads[i], shares.count(i) if bound else 0, -totals[i], self._rng.random(), i)
                 for i, r in enumerate(replicas)
                 if (m := match.get(r.name, 0)) >= p.min_match_blocks
             ]
@@ -112,7 +112,7 @@ class AffinityGuard:
         # A holder over its guard or share is left out, or its prefix score could win it back.
         passing = [i for i, lo in enumerate(loads) if lo <= limits[i] and i not in over]
         tied = near_best(totals, _TIE_EPSILON, passing or list(range(n)))
-        index = choose(self._rng, shares.fewest(tied))
+        index = choose(self._rng, shares.fewest(tied) if bound else tied)
         branch = Branch.SHARE_GUARD if over else Branch.LOAD_GUARD
         return Pick(index, branch if guarded else Branch.MISS_BY_LOAD)
 
