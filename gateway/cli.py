@@ -112,6 +112,8 @@ _LAZY: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("bench", "routing"), "benchmarks.routing_bench.cli", "routing quality beside peer routers"),
     (("bench", "routing-cost"), "benchmarks.routing_cost", "CPU cost of one routing decision"),
     (("bench", "replay"), "benchmarks.replay.cli", "closed-loop multi-turn replay per contender"),
+    (("bench", "faults"), "benchmarks.faults.cli", "replicas failing, clients misbehaving: lost 0"),
+    (("bench", "tenants"), "benchmarks.tenants", "a greedy tenant's effect; P0 under a P2 flood"),
 )
 # What the `bench` extra installs beyond the gateway's own dependencies.
 BENCH_MODULES = ("matplotlib",)

@@ -110,6 +110,7 @@ class Runtime:
             self.affinity.prefixes.set_capacity,
             self.admission.notify if self.admission is not None else lambda: None,
             on_restart=self._replica_restarted,
+            on_preemptions=self.pool.preempted,
         )
         # One probe and scrape round before serving: a healthy fleet is routable, with load
         # figures, from the first request.

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 _PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+# A counter: the wire name has _total; an exposition without the suffix is read all the same.
+_PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 _TTFT = "vllm:time_to_first_token_seconds_bucket"
 _ITL = ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket")
 
@@ -23,6 +25,8 @@ class VllmMetrics:
     kv_usage: float | None = None
     prefix_queries: float | None = None
     prefix_hits: float | None = None
+    # Cumulative sequences the engine preempted (KV cache full: recomputed or swapped).
+    preemptions: float | None = None
     requests_ok: float = 0.0
     requests_failed: float = 0.0
     block_size: int | None = None
@@ -116,6 +120,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
         kv_usage=first(_KV_USAGE),
         prefix_queries=first(_PREFIX_QUERIES),
         prefix_hits=first(_PREFIX_HITS),
+        preemptions=first(_PREEMPTIONS),
         requests_ok=ok,
         requests_failed=failed,
         block_size=block_size,

@@ -11,7 +11,9 @@ failed probes) ramps: the replica is admitted to `ramp_start` of the decisions, 
 `ramp_factor` every `ramp_step_s`, until all of them. Admission is a deterministic smooth
 counter, never a draw and never keyed on the request.
 
-No preemption detector: vllm_api/metrics.py does not parse vLLM's preemption counter.
+The score loop adds one signal of its own: a jump in vLLM's preemption counter between two
+scrapes over `max_preemptions_per_scrape` ejects at once (a replica recomputing more sequences
+than a full batch is thrashing its KV cache), under the same caps.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class OutlierConfig:
     failure_rate_min_requests: int = 50
     # A 5xx whose body holds one of these (case-insensitive) ejects at once; () = off.
     oom_patterns: tuple[str, ...] = ("out of memory", "outofmemory", "kv cache")
+    # Preemptions between two /metrics scrapes over this eject; 0 = off. 256 is vLLM's
+    # default max_num_seqs: the whole batch recomputed within one scrape interval.
+    max_preemptions_per_scrape: int = 256
     base_ejection_s: float = 30.0
     max_ejection_s: float = 300.0
     # Each this long without an ejection takes one off the replica's ejection count.
@@ -55,6 +60,10 @@ class OutlierConfig:
             raise ValueError(f"consecutive_failures must be >= 0, got {self.consecutive_failures}")
         if not 0.0 <= self.failure_rate <= 1.0:
             raise ValueError(f"failure_rate must be in [0, 1], got {self.failure_rate}")
+        if self.max_preemptions_per_scrape < 0:
+            raise ValueError(
+                f"max_preemptions_per_scrape must be >= 0, got {self.max_preemptions_per_scrape}"
+            )
         if self.failure_rate_min_requests < 1:
             raise ValueError("failure_rate_min_requests must be >= 1")
         for name in ("failure_rate_window_s", "base_ejection_s", "decay_s", "ramp_step_s"):
@@ -143,6 +152,18 @@ class OutlierPolicy:
         if reason is None or others_routable < 1 or len(self._ejected) >= self._cap:
             return None
         return self._eject(name, rec, reason, now)
+
+    def preempted(
+        self, name: str, now: float, count: float, others_routable: int
+    ) -> Ejection | None:
+        """`count` preemptions since the last scrape; the ejection a jump triggers, if any."""
+        limit = self.config.max_preemptions_per_scrape
+        rec = self._records[name]
+        if not limit or count <= limit or rec.ejected_until is not None:
+            return None
+        if others_routable < 1 or len(self._ejected) >= self._cap:
+            return None
+        return self._eject(name, rec, "preemptions", now)
 
     def _verdict(self, rec: _Record, detail: str) -> str | None:
         if detail and self._patterns:

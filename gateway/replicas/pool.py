@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import ReplicaConfig
-from gateway.replicas.outlier import OutlierConfig, OutlierPolicy
+from gateway.replicas.outlier import Ejection, OutlierConfig, OutlierPolicy
 from gateway.replicas.state import ReplicaState
 from routing.types import ReplicaSnapshot
 
@@ -120,8 +120,20 @@ class ReplicaPool:
 
     def passive_failure(self, replica: ReplicaState, detail: str) -> None:
         """Live traffic saw `replica` fail: eject it if the policy says so."""
-        others = sum(1 for r in self.replicas.values() if r.healthy and r is not replica)
-        ejection = self.outlier.failure(replica.name, self.clock(), detail, others)
+        ejection = self.outlier.failure(replica.name, self.clock(), detail, self._others(replica))
+        self._apply(replica, ejection)
+
+    def preempted(self, name: str, count: float) -> None:
+        """The score loop saw `count` preemptions on `name` since its last scrape."""
+        replica = self.replicas[name]
+        self._apply(
+            replica, self.outlier.preempted(name, self.clock(), count, self._others(replica))
+        )
+
+    def _others(self, replica: ReplicaState) -> int:
+        return sum(1 for r in self.replicas.values() if r.healthy and r is not replica)
+
+    def _apply(self, replica: ReplicaState, ejection: Ejection | None) -> None:
         if ejection is None:
             return
         replica.healthy = False

@@ -23,8 +23,12 @@ log = logging.getLogger("llm_gateway.score_loop")
 def restarted(old: VllmMetrics, new: VllmMetrics) -> bool:
     """Whether a cumulative counter went backwards between two scrapes: a new vLLM process."""
     pairs = [(old.requests_ok, new.requests_ok), (old.requests_failed, new.requests_failed)]
-    if old.prefix_queries is not None and new.prefix_queries is not None:
-        pairs.append((old.prefix_queries, new.prefix_queries))
+    for before, now in (
+        (old.prefix_queries, new.prefix_queries),
+        (old.preemptions, new.preemptions),
+    ):
+        if before is not None and now is not None:
+            pairs.append((before, now))
     return any(now < before for before, now in pairs)
 
 
@@ -55,7 +59,11 @@ class ScoreLoop:
         on_capacity: Callable[[str, int], None],
         on_scrape: Callable[[], None] = lambda: None,
         on_restart: Callable[[str], None] = lambda _name: None,
+        on_preemptions: Callable[[str, float], None] = lambda _name, _count: None,
     ) -> None:
+        # Told each rise of a replica's preemption counter between two scrapes (the outlier
+        # policy ejects on a jump).
+        self._on_preemptions = on_preemptions
         # Told of a replica that restarted: its KV cache is gone, whatever the tiers remember.
         self._on_restart = on_restart
         # Each fresh view of a replica may show room for a request the admission queue holds.
@@ -143,6 +151,11 @@ class ScoreLoop:
                 pace.last = None  # its dynamics start afresh too
             self._on_restart(replica.name)
             old = None  # and its cache size is told again, to the emptied index
+        if old is not None and old.preemptions is not None and m.preemptions is not None:
+            # Within one process only: a restart's counter starts afresh (old is None then).
+            jump = m.preemptions - old.preemptions
+            if jump > 0:
+                self._on_preemptions(replica.name, jump)
         if m.num_gpu_blocks and (old is None or old.num_gpu_blocks != m.num_gpu_blocks):
             self._on_capacity(replica.name, m.num_gpu_blocks)
         replica.metrics = m

@@ -31,6 +31,12 @@ MODEL = "sim-llama-3-8b"
 LORA = "sim-lora"
 # Fast clock: a 16-token answer takes a few milliseconds of wall time.
 SIM = SimConfig(model=MODEL, lora_adapters=(LORA,), time_scale=20.0, kv_events=False, seed=7)
+# A short chat either replica of the fleet answers in a few milliseconds.
+STORY = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me a story"}],
+    "max_tokens": 8,
+}
 
 
 async def eventually(
@@ -114,6 +120,11 @@ def asgi_client(asgi_gateway: InProcessGateway) -> httpx.AsyncClient:
 
 def in_flight(gw: RunningGateway | InProcessGateway) -> dict[str, int]:
     return {r.name: r.in_flight for r in gw.runtime.pool}
+
+
+def idle(gw: RunningGateway | InProcessGateway) -> bool:
+    """Nothing in flight to any replica: every lease released."""
+    return not any(r.in_flight for r in gw.runtime.pool)
 
 
 async def set_faults(url: str, **faults: object) -> None:

@@ -18,21 +18,16 @@ from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
 from tests.gateway.conftest import (
     MODEL,
+    STORY,
     InProcessGateway,
     eventually,
     gateway_config,
-    in_flight,
+    idle,
     in_process,
     set_faults,
 )
 
-CHAT = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "Tell me a story"}],
-    "max_tokens": 8,
-}
-LONG = {**CHAT, "max_tokens": 4000, "ignore_eos": True, "stream": True}
-ZERO = {"sim-0": 0, "sim-1": 0}
+LONG = {**STORY, "max_tokens": 4000, "ignore_eos": True, "stream": True}
 
 
 def _slow_health(fleet: SimFleet, **upstream: object) -> object:
@@ -61,10 +56,10 @@ async def test_failure_before_first_byte_is_retried_elsewhere(fleet: SimFleet, f
         await set_faults(fleet.replicas[0].url, **fault)
         for stream in (False, True):
             for _ in range(4):  # whichever replica is picked first, every request succeeds
-                r = await c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+                r = await c.post("/v1/chat/completions", json={**STORY, "stream": stream})
                 assert r.status_code == 200
                 assert r.text.endswith("data: [DONE]\n\n") == stream
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
         assert "llm_gateway_upstream_retries_total{reason=" in _retries(gw)
         assert gw.runtime.pool["sim-1"].errors_total == 0
 
@@ -73,7 +68,7 @@ async def test_all_replicas_failing_gives_502_without_upstream_detail(fleet: Sim
     for r in fleet.replicas:
         await set_faults(r.url, error_rate=1.0, error_status=500)
     async with in_process(_slow_health(fleet, max_retries=5)) as gw:
-        r = await gw.client.post("/v1/chat/completions", json=CHAT)
+        r = await gw.client.post("/v1/chat/completions", json=STORY)
         assert r.status_code == 502
         err = r.json()["error"]
         assert err["type"] == "BadGatewayError" and err["code"] == 502
@@ -81,7 +76,7 @@ async def test_all_replicas_failing_gives_502_without_upstream_detail(fleet: Sim
             assert replica.url.split("//")[1] not in r.text
         # Never the same replica twice: two replicas, two attempts, even with 5 retries allowed.
         assert sum(rep.errors_total for rep in gw.runtime.pool) == 2
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
 
 
 async def test_connection_refused_is_retried(fleet: SimFleet) -> None:
@@ -95,7 +90,7 @@ async def test_connection_refused_is_retried(fleet: SimFleet) -> None:
                     "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4}
                 )
             ).status_code == 200
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
 
 
 async def test_failure_after_first_byte_ends_with_error_event_and_no_done(fleet: SimFleet) -> None:
@@ -103,7 +98,7 @@ async def test_failure_after_first_byte_ends_with_error_event_and_no_done(fleet:
         await set_faults(r.url, reset_after_tokens=3)
     async with running_gateway(_slow_health(fleet)) as gw, httpx.AsyncClient(base_url=gw.url) as c:
         async with c.stream(
-            "POST", "/v1/chat/completions", json={**CHAT, "max_tokens": 20, "stream": True}
+            "POST", "/v1/chat/completions", json={**STORY, "max_tokens": 20, "stream": True}
         ) as r:
             assert r.status_code == 200
             raw = b"".join([x async for x in r.aiter_raw()])
@@ -114,7 +109,7 @@ async def test_failure_after_first_byte_ends_with_error_event_and_no_done(fleet:
         assert err["code"] == 502 and "127.0.0.1" not in err["message"]
         # Not retried: exactly one replica saw the request.
         assert sum(rep.requests_total for rep in gw.runtime.pool) == 1
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
         assert "llm_gateway_streams_truncated_total" in _retries(gw)
 
 
@@ -126,11 +121,11 @@ async def test_idle_timeout_between_chunks(fleet: SimFleet) -> None:
         httpx.AsyncClient(base_url=gw.url) as c,
     ):
         async with c.stream(
-            "POST", "/v1/chat/completions", json={**CHAT, "max_tokens": 20, "stream": True}
+            "POST", "/v1/chat/completions", json={**STORY, "max_tokens": 20, "stream": True}
         ) as r:
             raw = b"".join([x async for x in r.aiter_raw()])
         assert b"[DONE]" not in raw and b'"error"' in raw
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
 
 
 async def test_first_byte_timeout_is_retried_then_504(fleet: SimFleet) -> None:
@@ -138,9 +133,9 @@ async def test_first_byte_timeout_is_retried_then_504(fleet: SimFleet) -> None:
         await set_faults(r.url, stall_seconds=3.0)
     cfg = _slow_health(fleet, first_byte_timeout_s=0.3, non_stream_timeout_s=0.3)
     async with in_process(cfg) as gw:
-        r = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        r = await gw.client.post("/v1/chat/completions", json={**STORY, "stream": True})
         assert r.status_code == 504 and r.json()["error"]["type"] == "GatewayTimeoutError"
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
 
 
 async def _running(fleet: SimFleet) -> int:
@@ -167,7 +162,7 @@ async def test_client_disconnect_frees_the_replica_slot(fleet: SimFleet, stream:
             timeout=1.0,
             what="replica running count back to 0",
         )
-        await eventually(lambda: in_flight(gw) == ZERO, timeout=1.0, what="in-flight back to 0")
+        await eventually(lambda: idle(gw), timeout=1.0, what="in-flight back to 0")
 
 
 async def test_client_disconnect_before_first_token(fleet: SimFleet) -> None:
@@ -176,11 +171,11 @@ async def test_client_disconnect_before_first_token(fleet: SimFleet) -> None:
     async with running_gateway(_slow_health(fleet)) as gw:
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
             task = asyncio.create_task(c.post("/v1/chat/completions", json=LONG))
-            await eventually(lambda: in_flight(gw) != ZERO, what="request in flight")
+            await eventually(lambda: not idle(gw), what="request in flight")
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-        await eventually(lambda: in_flight(gw) == ZERO, timeout=1.0, what="in-flight back to 0")
+        await eventually(lambda: idle(gw), timeout=1.0, what="in-flight back to 0")
         await eventually(
             lambda: sum(r.engine.num_running + r.engine.num_waiting for r in fleet.replicas) == 0,
             timeout=1.0,
@@ -197,10 +192,10 @@ async def test_passive_failures_mark_a_replica_down(fleet: SimFleet) -> None:
     )
     async with in_process(cfg) as gw:
         for _ in range(6):
-            assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+            assert (await gw.client.post("/v1/chat/completions", json=STORY)).status_code == 200
         assert not gw.runtime.pool["sim-0"].healthy
         assert gw.runtime.pool["sim-0"].errors_total == 2
-        assert in_flight(gw) == ZERO
+        assert idle(gw)
 
 
 async def test_health_check_thresholds(fleet: SimFleet) -> None:

@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig
+from tests.gateway.aiohttp_upstream import replica_app, serve
 from tests.gateway.conftest import InProcessGateway, in_process
 from tests.gateway.http.errors import vllm_error
 
@@ -39,30 +40,13 @@ async def gateway() -> AsyncIterator[tuple[InProcessGateway, list[Answer]]]:
         status, content_type, body = answers[-1]
         return web.Response(status=status, body=body, headers={"content-type": content_type})
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": []})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    cfg = GatewayConfig(
-        server=ServerConfig(port=0),
-        replicas=(ReplicaConfig(url=f"http://127.0.0.1:{port}", name="up", models=("m",)),),
-    )
-    try:
+    async with serve(replica_app(chat)) as url:
+        cfg = GatewayConfig(
+            server=ServerConfig(port=0),
+            replicas=(ReplicaConfig(url=url, name="up", models=("m",)),),
+        )
         async with in_process(cfg) as gw:
             yield gw, answers
-    finally:
-        await runner.cleanup()
 
 
 async def _chat(gw: InProcessGateway, stream: bool = False) -> httpx.Response:

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig, UpstreamConfig
 from gateway.proxy.headers import ForwardPolicy, upstream_request_headers
+from tests.gateway.aiohttp_upstream import replica_app, serve
 from tests.gateway.conftest import in_process
 
 
@@ -23,25 +24,8 @@ async def recording_upstream() -> AsyncIterator[tuple[str, list[dict[str, str]]]
             headers={"Keep-Alive": "timeout=5", "Proxy-Connection": "x", "X-Upstream": "1"},
         )
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response()
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": []})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with serve(replica_app(chat)) as url:
+        yield url, seen
 
 
 async def test_hop_by_hop_and_credentials(

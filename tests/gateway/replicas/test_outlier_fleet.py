@@ -13,21 +13,7 @@ from gateway.replicas.outlier import OutlierConfig
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.state import ReplicaState
 from simulator import SimFleet
-from tests.gateway.conftest import (
-    MODEL,
-    eventually,
-    gateway_config,
-    in_flight,
-    in_process,
-    set_faults,
-)
-
-CHAT = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "Tell me a story"}],
-    "max_tokens": 8,
-}
-ZERO = {"sim-0": 0, "sim-1": 0}
+from tests.gateway.conftest import STORY, eventually, gateway_config, idle, in_process, set_faults
 
 
 class ProbeCount:
@@ -61,7 +47,7 @@ async def test_a_replica_failing_every_request_while_its_health_passes_stays_eje
         probed_while_ejected = None
         with caplog.at_level(logging.INFO, logger="llm_gateway"):
             for _ in range(200):
-                r = await gw.client.post("/v1/chat/completions", json=CHAT)
+                r = await gw.client.post("/v1/chat/completions", json=STORY)
                 assert r.status_code == 200
                 if pool.outlier.ejected("sim-0"):
                     if probed_while_ejected is None:
@@ -71,7 +57,7 @@ async def test_a_replica_failing_every_request_while_its_health_passes_stays_eje
         assert probed_while_ejected is not None, "sim-0 was never ejected"
         assert probes.passed["sim-0"] - probed_while_ejected >= 5
         assert 3 <= sim0.errors_total <= 10
-        assert pool["sim-1"].errors_total == 0 and in_flight(gw) == ZERO
+        assert pool["sim-1"].errors_total == 0 and idle(gw)
         messages = [rec.getMessage() for rec in caplog.records]
         assert messages.count("replica sim-0 ejected for 30 s: consecutive_failures (ejection 1)")
         assert not [m for m in messages if "sim-0 is up" in m or "sim-0 returns" in m]
@@ -100,7 +86,7 @@ async def test_an_ejected_replica_returns_when_its_time_is_up_and_ramps(
         await set_faults(fleet.replicas[0].url, error_rate=1.0, error_status=500)
         with caplog.at_level(logging.INFO, logger="llm_gateway.outlier"):
             while not pool.outlier.ejected("sim-0"):
-                assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await gw.client.post("/v1/chat/completions", json=STORY)).status_code == 200
             ejected_at = time.monotonic()
             await set_faults(fleet.replicas[0].url, error_rate=0.0)
             # Its probes pass at once, yet it is out until its ejection is over.
@@ -109,13 +95,13 @@ async def test_an_ejected_replica_returns_when_its_time_is_up_and_ramps(
             assert pool.outlier.ramping == {"sim-0"}
             served = sim0.requests_total
             for _ in range(40):
-                assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await gw.client.post("/v1/chat/completions", json=STORY)).status_code == 200
             # One decision in 10, where round-robin alone would send it 20 of the 40.
             assert 3 <= sim0.requests_total - served <= 5
             await eventually(lambda: not pool.outlier.ramping, timeout=6.0, what="ramp done")
             served = sim0.requests_total
             for _ in range(20):
-                assert (await gw.client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+                assert (await gw.client.post("/v1/chat/completions", json=STORY)).status_code == 200
             assert sim0.requests_total - served == 10
         messages = [rec.getMessage() for rec in caplog.records]
         assert "replica sim-0 returns after its ejection: ramping up from 10% of its share" in (
@@ -144,11 +130,11 @@ async def test_a_replica_that_accepts_and_never_answers_is_retried_within_the_he
         await set_faults(fleet.replicas[0].url, stall_seconds=3.0)
         for _ in range(2):  # round-robin: at least one of them goes to sim-0 first
             started = time.monotonic()
-            r = await gw.client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+            r = await gw.client.post("/v1/chat/completions", json={**STORY, "stream": True})
             assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n")
             assert time.monotonic() - started < 2.0
         retried = gw.runtime.metrics.registry.get_sample_value(
             "llm_gateway_upstream_retries_total", {"replica": "sim-0", "reason": "head_timeout"}
         )
         assert retried is not None and retried >= 1.0
-        await eventually(lambda: in_flight(gw) == ZERO, what="in-flight back to 0")
+        await eventually(lambda: idle(gw), what="in-flight back to 0")
