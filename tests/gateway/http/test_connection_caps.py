@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -17,11 +16,11 @@ from gateway.http.protocol import GuardedHttpToolsProtocol
 from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
 from tests.gateway.conftest import eventually, gateway_config
+from tests.gateway.http.raw import Conn, connect
 
 PER_CLIENT = 3
 KEEPALIVE_S = 0.3
 WAIT_S = 5.0
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 HEAD = b"GET /health HTTP/1.1\r\nhost: gw\r\n\r\n"
 
 
@@ -35,18 +34,6 @@ async def _gateway(fleet: SimFleet, **server_kw: object) -> AsyncIterator[Runnin
     )
     async with running_gateway(gateway_config(fleet, server=server)) as gw:
         yield gw
-
-
-@contextlib.asynccontextmanager
-async def _connect(gw: RunningGateway, source: str = "127.0.0.1") -> AsyncIterator[Conn]:
-    url = urlsplit(gw.url)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port, local_addr=(source, 0))
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
 
 
 async def _served(conn: Conn) -> None:
@@ -66,17 +53,17 @@ def loopback_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("loopback_capped")
 async def test_connections_over_the_per_client_cap_get_503(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw, contextlib.AsyncExitStack() as stack:
-        held = [await stack.enter_async_context(_connect(gw)) for _ in range(PER_CLIENT)]
+        held = [await stack.enter_async_context(connect(gw)) for _ in range(PER_CLIENT)]
         for conn in held:
             await _served(conn)
-        async with _connect(gw) as (reader, _):  # one past this address's cap
+        async with connect(gw) as (reader, _):  # one past this address's cap
             raw = await asyncio.wait_for(reader.read(), WAIT_S)
         head, _, body = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ") and b"connection: close" in head
         error = orjson.loads(body)["error"]
         assert (error["code"], error["type"]) == (503, "ServiceUnavailableError")
         # Another address is not held to this one's count.
-        async with _connect(gw, source="127.0.0.2") as other:
+        async with connect(gw, source="127.0.0.2") as other:
             await _served(other)
         # A connection of this address closes: its slot is free again.
         reader, writer = held.pop()
@@ -85,14 +72,14 @@ async def test_connections_over_the_per_client_cap_get_503(fleet: SimFleet) -> N
         assert isinstance(served_by, GuardedHttpToolsProtocol)
         per_client = served_by.per_client
         await eventually(lambda: per_client.get("127.0.0.1") == PER_CLIENT - 1, what="freed")
-        async with _connect(gw) as again:
+        async with connect(gw) as again:
             await _served(again)
 
 
 async def _all_served(gw: RunningGateway, source: str) -> None:
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(PER_CLIENT + 2):
-            await _served(await stack.enter_async_context(_connect(gw, source)))
+            await _served(await stack.enter_async_context(connect(gw, source)))
 
 
 async def test_loopback_is_not_capped(fleet: SimFleet) -> None:
@@ -107,7 +94,7 @@ async def test_trusted_proxies_are_not_capped(fleet: SimFleet) -> None:
 
 
 async def test_an_idle_kept_alive_connection_is_closed(fleet: SimFleet) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, writer):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, writer):
         writer.write(HEAD)
         await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT_S)
         started = time.monotonic()

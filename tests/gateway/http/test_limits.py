@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -14,13 +13,13 @@ from gateway.config import ServerConfig
 from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
 from tests.gateway.conftest import MODEL, eventually, gateway_config
+from tests.gateway.http.raw import connect
 
 MAX_HEADER_BYTES = 4096
 MAX_HEADERS = 20
 HEADER_TIMEOUT_S = 0.5
 MAX_CONNECTIONS = 8
 WAIT_S = 5.0  # the longest any answer or close may take
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 @contextlib.asynccontextmanager
@@ -34,18 +33,6 @@ async def _gateway(fleet: SimFleet) -> AsyncIterator[RunningGateway]:
     )
     async with running_gateway(gateway_config(fleet, server=server)) as gw:
         yield gw
-
-
-@contextlib.asynccontextmanager
-async def _connect(gw: RunningGateway) -> AsyncIterator[Conn]:
-    url = urlsplit(gw.url)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port)
-    try:
-        yield reader, writer
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
 
 
 def _head(path: str = "/v1/models", headers: list[tuple[str, str]] | None = None) -> bytes:
@@ -79,7 +66,7 @@ def _refusal(raw: bytes, status: int, err_type: str) -> None:
 
 
 async def _models_ok(gw: RunningGateway, headers: list[tuple[str, str]] | None = None) -> None:
-    async with _connect(gw) as (reader, writer):
+    async with connect(gw) as (reader, writer):
         writer.write(_head(headers=headers))
         status, body = await _response(reader)
         assert status == 200, body
@@ -87,7 +74,7 @@ async def _models_ok(gw: RunningGateway, headers: list[tuple[str, str]] | None =
 
 
 async def test_an_oversized_head_gets_431_quickly_while_others_are_served(fleet: SimFleet) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, writer):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, writer):
         # A head just under the limit passes.
         await _models_ok(gw, [("x-pad", "a" * (MAX_HEADER_BYTES - 200))])
         started = time.monotonic()
@@ -98,7 +85,7 @@ async def test_an_oversized_head_gets_431_quickly_while_others_are_served(fleet:
 
 
 async def test_an_oversized_head_with_a_body_behind_it_is_refused(fleet: SimFleet) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, writer):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, writer):
         big = [("x-big", "a" * MAX_HEADER_BYTES)]
         writer.write(_head(headers=big)[:-2] + b"content-length: 10\r\n\r\n0123456789")
         _refusal(await _read_to_eof(reader), 431, "RequestHeaderFieldsTooLargeError")
@@ -108,13 +95,13 @@ async def test_too_many_headers_get_431(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw:
         # host plus MAX_HEADERS - 1 more: at the limit, served.
         await _models_ok(gw, [(f"x-h{i}", "v") for i in range(MAX_HEADERS - 1)])
-        async with _connect(gw) as (reader, writer):
+        async with connect(gw) as (reader, writer):
             writer.write(_head(headers=[(f"x-h{i}", "v") for i in range(MAX_HEADERS)]))
             _refusal(await _read_to_eof(reader), 431, "RequestHeaderFieldsTooLargeError")
 
 
 async def test_a_trickled_head_gets_408_at_the_deadline(fleet: SimFleet) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, writer):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, writer):
         started = time.monotonic()
 
         async def trickle() -> None:
@@ -136,7 +123,7 @@ async def test_a_trickled_head_gets_408_at_the_deadline(fleet: SimFleet) -> None
 async def test_the_deadline_runs_again_for_the_next_head_on_a_kept_alive_connection(
     fleet: SimFleet,
 ) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, writer):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, writer):
         writer.write(_head())
         assert (await _response(reader))[0] == 200
         writer.write(b"GET /v1/mo")  # a head begun and never finished
@@ -144,7 +131,7 @@ async def test_the_deadline_runs_again_for_the_next_head_on_a_kept_alive_connect
 
 
 async def test_a_silent_connection_is_closed_at_the_deadline(fleet: SimFleet) -> None:
-    async with _gateway(fleet) as gw, _connect(gw) as (reader, _):
+    async with _gateway(fleet) as gw, connect(gw) as (reader, _):
         started = time.monotonic()
         assert await _read_to_eof(reader) == b""  # closed, no answer to a request never sent
         assert time.monotonic() - started < HEADER_TIMEOUT_S + 2.0
@@ -152,15 +139,15 @@ async def test_a_silent_connection_is_closed_at_the_deadline(fleet: SimFleet) ->
 
 async def test_the_connection_over_the_cap_is_refused_with_503(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw, contextlib.AsyncExitStack() as stack:
-        held = [await stack.enter_async_context(_connect(gw)) for _ in range(MAX_CONNECTIONS - 1)]
+        held = [await stack.enter_async_context(connect(gw)) for _ in range(MAX_CONNECTIONS - 1)]
         # Under the cap: a request on each held connection is served.
         for reader, writer in held:
             writer.write(_head())
             assert (await _response(reader))[0] == 200
-        async with _connect(gw) as (reader, writer):  # the cap-th connection
+        async with connect(gw) as (reader, writer):  # the cap-th connection
             writer.write(_head())
             assert (await _response(reader))[0] == 200
-            async with _connect(gw) as (over_reader, _):  # one past the cap
+            async with connect(gw) as (over_reader, _):  # one past the cap
                 _refusal(await _read_to_eof(over_reader), 503, "ServiceUnavailableError")
         # A slot freed: a new connection is served again.
         connections = gw.server.server_state.connections
