@@ -10,15 +10,18 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import system_deps
 from benchmarks.vllm_cpu.engine_env import EngineEnv, VllmCpuError, cache_root, ensure_engine
 from benchmarks.vllm_cpu.fleet import VllmFleet
 from benchmarks.vllm_cpu.model import ensure_model, lora_dir
 
 
 def prepare(root: Path | None = None) -> tuple[EngineEnv, Path]:
-    """Make the engine venv and the tiny model (fast no-op when both are ready)."""
+    """Make the engine venv, the tiny model and the system servers (no-op when all are ready)."""
     root = root or cache_root()
     started = time.monotonic()
+    added = system_deps.ensure()
+    print(f"system programs: {'installed ' + ', '.join(added) if added else 'ready'}")
     env = ensure_engine(EngineEnv(root))
     path, created = ensure_model(root)
     print(f"model: {'created' if created else 'ready'} at {path} (LoRA at {lora_dir(root)})")
@@ -84,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with contextlib.suppress(KeyboardInterrupt):
                 asyncio.run(_serve(args))
-    except VllmCpuError as exc:
+    except (VllmCpuError, system_deps.SystemDepsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
