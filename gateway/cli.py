@@ -108,6 +108,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # command is on the command line: `serve` never loads the simulator or the benchmarks.
 _LAZY: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("sim",), "simulator.cli", "run a fleet of simulated vLLM replicas"),
+    (("agent",), "gateway.agent", "send a replica's GPU figures (NVML) to the gateways"),
     (("bench", "overhead"), "benchmarks.overhead", "the gateway's own cost vs a direct connection"),
     (("bench", "routing"), "benchmarks.routing_bench.cli", "routing quality beside peer routers"),
     (("bench", "routing-cost"), "benchmarks.routing_cost", "CPU cost of one routing decision"),
