@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 
 STOP_TIMEOUT_S = 10.0
@@ -37,3 +38,24 @@ async def stop_process(
     except TimeoutError:
         proc.kill()
         await proc.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, theirs, ...), from /proc."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out

@@ -1,4 +1,4 @@
-"""The servers the tests and benchmarks start for real: Redis, nginx and wrk, from Debian."""
+"""The programs the tests and benchmarks start for real: Redis, nginx, wrk, chromium (Debian)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import shutil
 import subprocess
 
 # Program on PATH -> the Debian package that provides it.
-PROGRAMS = {"redis-server": "redis-server", "nginx": "nginx-light", "wrk": "wrk"}
+PROGRAMS = {
+    "redis-server": "redis-server",
+    "nginx": "nginx-light",
+    "wrk": "wrk",
+    # The admin dashboard's browser test (Playwright drives it; it downloads no browser).
+    "chromium": "chromium",
+}
 # nginx lives in /usr/sbin, which a non-login PATH may lack.
 _EXTRA_PATH = ("/usr/sbin", "/sbin")
 

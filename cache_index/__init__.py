@@ -6,7 +6,7 @@ from cache_index.hashing import HashingError, block_hashes, char_block_hashes, p
 from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import Mode, PrefixIndex, ReplicaBlocks, ReplicaStats, TokensToHashes
 from cache_index.prompt_cache import PromptCache
-from cache_index.session_affinity import SessionAffinity, session_key
+from cache_index.session_affinity import SessionAffinity, session_hash, session_key
 
 __all__ = [
     "AdmissionQueue",
@@ -27,5 +27,6 @@ __all__ = [
     "bucket_of",
     "char_block_hashes",
     "prompt_hash",
+    "session_hash",
     "session_key",
 ]

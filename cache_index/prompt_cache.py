@@ -47,6 +47,20 @@ class PromptCache:
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
 
+    def put_if_newer(self, h: int, replica: str, at: float, now: float) -> bool:
+        """`put` as of `at` (another process's decision), unless the entry holds a later one."""
+        entries = self._entries
+        expires = at + self.ttl_s
+        entry = entries.get(h)
+        # One TTL for all: a later expiry is a later put (last writer wins).
+        if expires <= now or (entry is not None and entry[1] >= expires):
+            return False
+        entries[h] = (replica, expires)
+        entries.move_to_end(h)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
+        return True
+
     def forget_replica(self, replica: str) -> int:
         """Drop every entry pointing at `replica` (removed or restarted); returns how many."""
         # A linear scan: replicas leave rarely, and a reverse index would double per-entry memory.

@@ -16,8 +16,12 @@ def session_key(header_value: str | None, user: object) -> str | None:
     return None
 
 
-def _session_hash(session: str) -> int:
+def session_hash(session: str) -> int:
+    """The key a session id is stored under (what other gateway processes are sent)."""
     return xxhash.xxh3_64_intdigest(session.encode("utf-8", "surrogatepass"))
+
+
+_session_hash = session_hash
 
 
 class SessionAffinity:
@@ -44,6 +48,10 @@ class SessionAffinity:
     def put(self, session: str, replica: str, now: float) -> None:
         """Bind `session` to `replica` from `now`; the TTL restarts."""
         self._cache.put(_session_hash(session), replica, now)
+
+    def put_if_newer(self, key: int, replica: str, at: float, now: float) -> bool:
+        """Bind the session of `key` (`session_hash`) as of `at`, unless bound later."""
+        return self._cache.put_if_newer(key, replica, at, now)
 
     def forget_replica(self, replica: str) -> int:
         """Unbind every session of `replica`; returns how many."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from gateway.config import (
     CacheIndexConfig,
@@ -36,15 +37,38 @@ def _install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def _workers(value: str) -> int:
+    """`--workers`: a count >= 1, or `auto` (0: one per core)."""
+    if value == "auto":
+        return 0
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'auto', got {value!r}")
+    return count
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.process import serve
     from gateway.runtime import build_router
+    from gateway.supervisor import worker_count
 
     cfg = load_config(args.config)
     build_router(cfg)  # plugin errors surface before any socket opens
+    workers = worker_count(cfg.server.workers if args.workers is None else args.workers)
     _install_uvloop()
-    asyncio.run(serve(cfg, args.log_level))
-    return 0
+    if workers == 1:
+        asyncio.run(serve(cfg, args.log_level, args.config))
+        return 0
+    from gateway.supervisor import WorkerStartError, supervise
+
+    try:
+        return asyncio.run(supervise(cfg, workers, args.log_level, args.config))
+    except (OSError, WorkerStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -60,7 +84,6 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 async def _demo(args: argparse.Namespace) -> None:
     # The demo is the one command besides `sim` that runs the simulator.
-    from gateway.process import running_gateway
     from simulator import SimConfig, SimFleet
 
     sim_cfg = SimConfig(time_scale=args.time_scale)
@@ -75,14 +98,14 @@ async def _demo(args: argparse.Namespace) -> None:
                 ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas
             ),
         )
-        async with running_gateway(cfg, log_level=args.log_level) as gw:
-            print(f"llm-gateway demo: {gw.url} -> {len(fleet.replicas)} simulated vLLM replicas")
-            print(f"  gRPC (llmgateway.v1, reflection on): {args.host}:{args.grpc_port}")
+        async with _serving(cfg, args.workers, args.log_level) as (url, grpc_port):
+            print(f"llm-gateway demo: {url} -> {len(fleet.replicas)} simulated vLLM replicas")
+            print(f"  gRPC (llmgateway.v1, reflection on): {args.host}:{grpc_port}")
             for r in fleet.replicas:
                 print(f"  {r.name}: {r.url}")
             print("Try:")
             print(
-                f"  curl -s {gw.url}/v1/chat/completions -H 'content-type: application/json' "
+                f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' "
                 f'-d \'{{"model": "{sim_cfg.model}", "messages": '
                 f'[{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}\''
             )
@@ -94,8 +117,24 @@ async def _demo(args: argparse.Namespace) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             await stop.wait()
-            gw.runtime.draining = True
             print("stopping...", flush=True)
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    cfg: GatewayConfig, workers: int, log_level: str
+) -> AsyncIterator[tuple[str, int]]:
+    """The demo's gateway, one process or a supervisor's workers: its URL and gRPC port."""
+    from gateway.process import running_gateway
+    from gateway.supervisor import running_workers, worker_count
+
+    if worker_count(workers) == 1:
+        async with running_gateway(cfg, log_level=log_level) as gw:
+            yield gw.url, gw.grpc.port if gw.grpc is not None else cfg.grpc.port
+            gw.runtime.draining = True
+        return
+    async with running_workers(cfg, worker_count(workers), log_level) as supervisor:
+        yield supervisor.url, supervisor.grpc_port
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -156,6 +195,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run the gateway from a TOML configuration file")
     p.add_argument("-c", "--config", required=True, help="path to the TOML configuration")
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        help="gateway processes on the listener, or auto (one per core); default [server] workers",
+    )
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("check-config", help="validate a configuration file and exit")
@@ -168,6 +213,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=4, help="number of simulated replicas")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated clock speed-up")
     p.add_argument("--grpc-port", type=int, default=50051, help="gRPC port (0 = any free port)")
+    p.add_argument(
+        "--workers", type=_workers, default=1, help="gateway processes, or auto (one per core)"
+    )
     p.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmarks (need the bench extra)")

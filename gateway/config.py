@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.admin.config import DiscoveryConfig
 from gateway.config_loader import ConfigError, load_dataclass
 from gateway.grpc.config import GrpcConfig
 from gateway.proxy.headers import check_forwarding
 from gateway.proxy.tenancy_config import TenancyConfig
 from gateway.replicas.outlier import OutlierConfig, with_alias
+from gateway.shared_state.config import SharedStateConfig
+from gateway.versions_config import TrafficConfig, check_profile
 from routing.profile import ProfileSpec
 
 
@@ -63,10 +66,15 @@ class ServerConfig:
     # CIDRs whose X-Forwarded-For / X-Forwarded-Proto are kept (and appended to); others' are
     # replaced by the peer's address and scheme.
     trusted_proxies: tuple[str, ...] = ()
+    # Gateway processes sharing the listener (SO_REUSEPORT; gateway/supervisor.py); 0 = one
+    # per core. `--workers` overrides it.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0 (0 = one per core), got {self.workers}")
         # A key in both lists would let every API client reach the admin routes.
         if set(self.api_keys) & set(self.admin_keys):
             raise ValueError("admin_keys must not repeat a key of api_keys")
@@ -90,7 +98,7 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class UpstreamConfig:
-    """The one aiohttp client that talks to every replica."""
+    """The requests' client to the replicas (proxy/http_client.py) and the loops' session."""
 
     # Bearer key sent to replicas; the client's own Authorization is never forwarded.
     api_key: str = ""
@@ -165,6 +173,9 @@ class ReplicaConfig:
     # vLLM KV-cache events: "" = none (approximate prefix index), "auto" = the endpoint the
     # replica reports on GET /kv_event_sources, else a ZMQ endpoint to connect to.
     kv_events: str = ""
+    # The replica runs vLLM with `--scheduling-policy priority`: the gateway sends each
+    # request's class (P0..P2) as its `priority` (see gateway/proxy/versions.py).
+    priority_scheduling: bool = False
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -316,8 +327,15 @@ class TelemetryConfig:
     # Share of requests traced when the client sent no sampled trace context.
     tracing_sample_ratio: float = 1.0
     tracing_service_name: str = "llm-gateway"
+    # "text" lines or "json" (one object per line, every `extra` field a key).
+    log_format: str = "text"
+    # One INFO record per request (id, tenant, model, replica, branch, status, TTFT, tokens,
+    # duration) on the logger llm_gateway.request.
+    request_log: bool = False
 
     def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f'log_format must be "text" or "json", got {self.log_format!r}')
         if not 0.0 <= self.tracing_sample_ratio <= 1.0:
             raise ValueError(
                 f"tracing_sample_ratio must be in [0, 1], got {self.tracing_sample_ratio}"
@@ -339,12 +357,16 @@ class GatewayConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     outlier: OutlierConfig = field(default_factory=OutlierConfig)
     tenancy: TenancyConfig = field(default_factory=TenancyConfig)
+    shared_state: SharedStateConfig = field(default_factory=SharedStateConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    traffic: TrafficConfig = field(default_factory=TrafficConfig)
     replicas: tuple[ReplicaConfig, ...] = ()
 
     def __post_init__(self) -> None:
         alias = self.health_check.passive_failure_threshold
         object.__setattr__(self, "outlier", with_alias(self.outlier, alias))
         self.tenancy.check_keys(self.server.api_keys, self.server.admin_keys)
+        check_profile(self.traffic, self.routing.profile, self.routing.profiles)
         names = [r.name for r in self.replicas]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

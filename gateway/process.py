@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gateway.admin.reload import install_sighup
 from gateway.config import GatewayConfig
 from gateway.grpc.server import GrpcFrontEnd
 from gateway.http.server import HttpServer, bind
@@ -14,11 +15,17 @@ from gateway.runtime import Runtime
 
 
 @contextlib.asynccontextmanager
-async def _started(runtime: Runtime) -> AsyncIterator[GrpcFrontEnd | None]:
-    """The runtime's loops and, when enabled, the gRPC front end; stopped in reverse."""
+async def started(
+    runtime: Runtime, grpc_port: int | None = None
+) -> AsyncIterator[GrpcFrontEnd | None]:
+    """The runtime's loops and, when enabled, the gRPC front end; stopped in reverse.
+
+    `grpc_port` replaces the configured port (a worker's, reserved by its supervisor)."""
     await runtime.start()
     try:
         grpc_cfg = runtime.config.grpc
+        if grpc_port is not None:
+            grpc_cfg = replace(grpc_cfg, port=grpc_port)
         front = GrpcFrontEnd(runtime, grpc_cfg) if grpc_cfg.enabled else None
         if front is None:
             yield None
@@ -32,12 +39,16 @@ async def _started(runtime: Runtime) -> AsyncIterator[GrpcFrontEnd | None]:
         await runtime.stop()
 
 
-async def serve(cfg: GatewayConfig, log_level: str = "info") -> None:
-    """Serve until SIGINT/SIGTERM, then drain (HTTP streams, then gRPC calls) and stop."""
+async def serve(cfg: GatewayConfig, log_level: str = "info", config_path: str = "") -> None:
+    """Serve until SIGINT/SIGTERM, then drain (HTTP streams, then gRPC calls) and stop.
+
+    SIGHUP re-reads `config_path` (gateway/admin/reload.py)."""
     runtime = Runtime(cfg)
+    runtime.config_path = config_path or None
     sock = bind(cfg.server.host, cfg.server.port)
     try:
-        async with _started(runtime):
+        async with started(runtime):
+            install_sighup(runtime)
             await HttpServer(runtime, log_level).serve(sockets=[sock])
     finally:
         sock.close()
@@ -63,7 +74,7 @@ async def running_gateway(
     sock = bind(cfg.server.host, cfg.server.port)
     host, port = sock.getsockname()[:2]
     try:
-        async with _started(runtime) as grpc_front:
+        async with started(runtime) as grpc_front:
             server = HttpServer(runtime, log_level, own_signals=False)
             task = asyncio.create_task(server.serve(sockets=[sock]))
             try:

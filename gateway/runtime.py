@@ -9,19 +9,24 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 
-from gateway.config import GatewayConfig
+from gateway.admin.fleet import Fleet
+from gateway.admin.keys import ReloadableKeys
+from gateway.config import GatewayConfig, ReplicaConfig
 from gateway.config_loader import ConfigError
 from gateway.proxy.admission import Admission
 from gateway.proxy.affinity import Affinity
+from gateway.proxy.http_client import Http1Upstream
 from gateway.proxy.pipeline import Pipeline
 from gateway.proxy.tenancy import Tenancy
-from gateway.proxy.upstream import AiohttpUpstream, make_session
+from gateway.proxy.upstream import make_session
 from gateway.replicas.gpu import Nvml
 from gateway.replicas.health import HealthChecker
 from gateway.replicas.kv_subscriber import KvEventSubscriber
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.score_loop import ScoreLoop
 from gateway.replicas.state import ReplicaState
+from gateway.shared_state.quota import RedisQuotaStore
+from gateway.shared_state.state import SharedState
 from routing.profile import BUILTIN_PROFILES
 from routing.router import Router
 from routing.types import RoutingError
@@ -48,8 +53,11 @@ def build_router(config: GatewayConfig) -> Router:
 class Runtime:
     """Starts and stops the gateway's shared state; the front ends only read it."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, worker_index: int = 0, worker_count: int = 1) -> None:
         self.config = config
+        # This process's slot among the `--workers` processes on this host (0 of 1: alone).
+        self.worker_index = worker_index
+        self.worker_count = worker_count
         self.router = build_router(config)
         self.pool = ReplicaPool.from_configs(
             config.replicas,
@@ -70,10 +78,19 @@ class Runtime:
         self.metrics = GatewayMetrics(
             self.pool.live_rows, self.admission.queue.depth if self.admission else dict
         )
+        # Routing state shared with other gateway processes through Redis ([shared_state]).
+        self.shared_state: SharedState | None = None
+        store: RedisQuotaStore | None = None
+        if config.shared_state.enabled:
+            self.shared_state = SharedState(config.shared_state, self.affinity, self.pool)
+            self.affinity.on_record = self.shared_state.on_record
+            self.metrics.track_shared_state(self.shared_state.stats_row)
+            if config.shared_state.quotas:
+                store = RedisQuotaStore(self.shared_state)
         # Tenants: keys, trusted sources, queue lanes and quotas (one "default" tenant unset).
         server = config.server
         self.tenancy = Tenancy(
-            config.tenancy, server.api_keys, server.admin_keys, self.metrics.quota_refused
+            config.tenancy, server.api_keys, server.admin_keys, self.metrics.quota_refused, store
         )
         self.metrics.track_tenant_queues(lambda: self.tenancy.queue_depth(self.admission))
         self.draining = False
@@ -83,6 +100,14 @@ class Runtime:
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._pipeline: Pipeline | None = None
+        # The TOML file this process was started from (serve -c): what a reload re-reads.
+        self.config_path: str | None = None
+        # Admin keys, replaced in place on reload: the front ends hold this very object.
+        self.admin_keys = ReloadableKeys(config.server.admin_keys)
+        # Live fleet changes (admin API, reload, discovery), one at a time.
+        self.fleet = Fleet(self)
+        self._tg: asyncio.TaskGroup | None = None
+        self._replica_tasks: dict[str, list[asyncio.Task[None]]] = {}
 
     @property
     def pipeline(self) -> Pipeline:
@@ -92,11 +117,13 @@ class Runtime:
     async def start(self) -> None:
         session = make_session(self.config.upstream)
         self._session = session
+        # The requests' own client (the loops below keep aiohttp): see proxy/http_client.py.
+        self._upstream = Http1Upstream(self.config.upstream)
         self._pipeline = Pipeline(
             self.config,
             self.pool,
             self.router,
-            AiohttpUpstream(session),
+            self._upstream,
             self.metrics,
             self.affinity,
             self.admission,
@@ -111,30 +138,66 @@ class Runtime:
             self.admission.notify if self.admission is not None else lambda: None,
             on_restart=self._replica_restarted,
             on_preemptions=self.pool.preempted,
+            workers=self.worker_count,
         )
         # One probe and scrape round before serving: a healthy fleet is routable, with load
         # figures, from the first request.
         await asyncio.gather(*(checker.probe(r) for r in self.pool))
         await asyncio.gather(*(scores.scrape(r) for r in self.pool))
-        tg = asyncio.TaskGroup()
+        self._tg = tg = asyncio.TaskGroup()
         await self._stack.enter_async_context(tg)
-        for replica in self.pool:
-            self._tasks.append(tg.create_task(self._health_loop(checker, replica)))
-            self._tasks.append(tg.create_task(scores.run(replica)))
+        self._checker, self._scores = checker, scores
         self.kv_events = KvEventSubscriber(self.affinity.prefixes, session)
         for replica in self.pool:
-            if replica.config.kv_events:
-                self._tasks.append(tg.create_task(self.kv_events.run(replica)))
+            self._start_loops(replica)
+        self._tasks.extend(self.fleet.start_discovery(tg))
         if self.config.score_loop.nvml == "auto" and any(r.config.gpu_indices for r in self.pool):
             self.nvml = Nvml()
             if self.nvml.available:
                 self._tasks.append(tg.create_task(self.nvml.run(self.pool)))
+        if self.shared_state is not None:
+            await self.shared_state.start()
         log.info(
             "routing profile %r over %d replicas (%d healthy)",
             self.router.profile_name,
             len(self.pool.replicas),
             sum(r.healthy for r in self.pool),
         )
+
+    def _start_loops(self, replica: ReplicaState) -> None:
+        assert self._tg is not None, "runtime not started"
+        tg = self._tg
+        tasks = [tg.create_task(self._health_loop(self._checker, replica))]
+        tasks.append(tg.create_task(self._scores.run(replica)))
+        if replica.config.kv_events:
+            tasks.append(tg.create_task(self.kv_events.run(replica)))
+        self._replica_tasks[replica.name] = tasks
+
+    async def add_replica(self, cfg: ReplicaConfig, slow_start: bool) -> ReplicaState:
+        """A replica joins live: probed and scraped once, then its loops run in the task group."""
+        sl = self.config.score_loop
+        replica = ReplicaState(cfg, sl.stale_after_s, sl.heartbeat_stale_s)
+        self.pool.add(replica, slow_start)
+        await self._checker.probe(replica)
+        await self._scores.scrape(replica)
+        self._start_loops(replica)
+        return replica
+
+    async def remove_replica(self, name: str) -> None:
+        """Its loops stop, what it cached is forgotten, it leaves the pool (drained first)."""
+        tasks = self._replica_tasks.pop(name, [])
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        self.affinity.forget_replica(name)
+        self.pool.remove(name)
+
+    def swap(self, config: GatewayConfig, router: Router) -> None:
+        """New requests see `config`'s per-request keys and `router`; routed ones keep theirs."""
+        self.config, self.router = config, router
+        # The pipeline reads both per request: one assignment each, nothing to lock.
+        self.pipeline._router, self.pipeline._cfg = router, config.upstream
 
     def _replica_restarted(self, name: str) -> None:
         """Its KV cache is gone: no tier may send a request there for what it held."""
@@ -166,9 +229,15 @@ class Runtime:
         self.draining = True
         for task in self._tasks:
             task.cancel()
+        for tasks in self._replica_tasks.values():
+            for task in tasks:
+                task.cancel()
         await self._stack.aclose()
+        if self.shared_state is not None:
+            await self.shared_state.stop()
         if self._session is not None:
             await self._session.close()
+            await self._upstream.client.close()
         if self.tracing is not None:
             # Flushes the last spans: a blocking HTTP export, kept off the event loop.
             await asyncio.to_thread(self.tracing.shutdown)

@@ -106,7 +106,9 @@ def validate_profile(profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = P
         factory.parse(spec.params)
 
 
-_ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"))
+# model_version keeps a request on its model version's replicas ([traffic]); it passes every
+# replica through when no version is configured.
+_ELIGIBLE = (PluginSpec("healthy"), PluginSpec("serves_model"), PluginSpec("model_version"))
 # A replica with a long vLLM waiting queue takes no new requests: they wait in the gateway's
 # admission queue instead. Only that limit: measured (benchmarks/results/2026-11-29b-routing-sim/
 # analysis.md), a KV-usage limit turns cache hits into misses under load, because a prefix

@@ -48,6 +48,9 @@ class Branch(StrEnum):
     MAX_SCORE_TIE = "max_score_tie"
     ROUND_ROBIN = "round_robin"
     RANDOM = "random"
+    # Set by the gateway: the request's instance class (the length_class filter) had no
+    # candidate, so it went to a replica outside the class.
+    CLASS_FALLBACK = "class_fallback"
     # Set by the gateway: the request waited in the admission queue, then was routed.
     QUEUED = "queued"
     # Set by the gateway: the request was refused before any replica was chosen.
@@ -133,6 +136,11 @@ class RequestFeatures:
     # Replica labels the client asks for (`x-model-hint: arch=int4` -> {"arch": "int4"}; parsed
     # by gateway/proxy/hints.py), matched against ReplicaSnapshot.labels by the label filter.
     hints: Mapping[str, str] = field(default_factory=dict)
+    # Replica labels the request's model version requires (set by the gateway's version stage,
+    # gateway/proxy/versions.py): a hard constraint, kept by the model_version filter.
+    version_labels: Mapping[str, str] = field(default_factory=dict)
+    # The client's `X-Canary-Weight` (0..100), honoured by the version stage only when allowed.
+    canary_weight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

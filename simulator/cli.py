@@ -41,6 +41,9 @@ _HELP = {
     "prefill_per_token_ms": "prefill time per uncached prompt token, in ms",
     "metrics_cost_ms": "API-server time of one /metrics render, in ms; it pushes the engine's "
     "next step back",
+    "responses_store": "keep Responses for GET, cancel and previous_response_id "
+    "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)",
+    "responses_store_size": "stored Responses kept per replica (the oldest are dropped)",
 }
 
 

@@ -109,6 +109,11 @@ class SimConfig:
     # Each /metrics request holds the API server this long, pushing the engine's next step
     # back (time_scale applies): a replica scraped often streams slower, as vLLM does.
     metrics_cost_ms: float = METRICS_COST_MS
+    # vLLM keeps Responses (store, GET, cancel, previous_response_id) only with
+    # VLLM_ENABLE_RESPONSES_API_STORE=1, as the real CPU fleet runs; off, store is ignored.
+    responses_store: bool = True
+    # vLLM's store grows without bound; the simulator's drops the oldest beyond this many.
+    responses_store_size: int = 10_000
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -122,6 +127,8 @@ class SimConfig:
             raise SimError("max_model_len and max_num_batched_tokens must be > 0")
         if self.metrics_cost_ms < 0:
             raise SimError("metrics_cost_ms must be >= 0")
+        if self.responses_store_size < 1:
+            raise SimError("responses_store_size must be >= 1")
 
     @property
     def timing(self) -> TimingModel:

@@ -1,22 +1,24 @@
-"""Generation routes of a replica (completions, chat); the rest are in service_routes."""
+"""Generation routes of a replica (completions, chat); Responses and Messages are in their own
+modules, the rest in service_routes."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from simulator import generation as G
+from simulator import messages, responses, service_routes
 from simulator import protocol as P
-from simulator import service_routes
 from simulator.config import SimError
-from simulator.engine import EngineRequest
+from simulator.generation import CHOICE_STRIDE as _CHOICE_STRIDE
+from simulator.generation import Choice as _Choice
+from simulator.generation import advance as _advance
+from simulator.generation import reset as _reset
 from simulator.http_util import JSON, REPLICA, error_response, replica_of
 from vllm_api.errors import VllmApiError
 from vllm_api.sse import DONE_EVENT, error_event
@@ -27,18 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["REPLICA", "add_routes", "fastapi_errors"]
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-_DEAD_MSG = "Engine loop is not running. Inspect the stacktrace to find the original error."
-
-
-def _reset(request: web.Request) -> web.Response:
-    """Cut the TCP connection with an RST (SO_LINGER 0), no response bytes at all."""
-    tr = request.transport
-    if tr is not None:
-        sock = tr.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        tr.abort()
-    return web.Response(status=500)  # never reaches the peer: the transport is gone
 
 
 @web.middleware
@@ -62,15 +52,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     rep = replica_of(request)
-    f = rep.faults
-    if f.dead:
-        return error_response(500, _DEAD_MSG)
-    if f.error_rate > 0 and rep.rng.random() < f.error_rate:
-        return error_response(f.error_status, "Simulated upstream error")
-    if f.reset_before_first_byte:
-        return _reset(request)
-    if f.stall_seconds > 0 and f.stall_after_tokens is None:
-        await asyncio.sleep(f.stall_seconds)  # the fault itself: silence before the first byte
+    refused = await G.before_first_byte(request, rep)
+    if isinstance(refused, G.Refusal):
+        return error_response(refused.status, refused.message)
+    if refused is not None:
+        return refused
     try:
         gen = P.parse_gen(
             P.parse_body(await request.read()), chat=chat, default_model=rep.served[0]
@@ -101,30 +87,23 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return web.Response(body=exc.body(), status=exc.status, content_type=JSON)
     except (SimError, VllmApiError) as exc:  # e.g. a chat template that raised
         return error_response(400, str(exc))
-    cache = rep.engine.cache
-    need = cache.blocks_for(len(ids) + 1)
-    if f.out_of_kv or need > cache.num_blocks:
-        return error_response(
-            500, f"Insufficient KV cache: the request needs {need} blocks of {cache.block_size} "
-            f"tokens; the cache has {cache.num_blocks}."
-        )  # fmt: skip
-    lora = gen.model if gen.model != rep.served[0] else None
-    hashes = cache.block_hashes(ids, lora, gen.cache_salt) if cache.enable_prefix_caching else []
+    no_room = G.kv_refusal(rep, len(ids))
+    if no_room is not None:
+        return error_response(no_room.status, no_room.message)
     request_id = rep.new_request_id(request.headers.get("X-Request-Id"), chat)
     base = rep.vocab.offset(ids)
     choices: list[_Choice] = []
     for i in range(gen.n):
-        req = EngineRequest(
-            prompt_ids=ids,
-            hashes=hashes,
-            priority=gen.priority,
-            lora_name=lora,
-            lora_id=None if lora is None else rep.served.index(lora),  # 1-based, like vLLM
-            cache_salt=gen.cache_salt,
+        req = G.new_request(
+            rep,
+            ids,
+            model=gen.model,
             # vLLM forks n > 1 into child requests named "<index>_<parent id>".
             request_id=request_id if gen.n == 1 else f"{i}_{request_id}",
             max_tokens=max_tokens,
-            eos_after=None if gen.ignore_eos else rep.config.eos_after_tokens,
+            priority=gen.priority,
+            cache_salt=gen.cache_salt,
+            ignore_eos=gen.ignore_eos,
         )
         rep.engine.submit(req)
         choices.append(_Choice(i, req, base + _CHOICE_STRIDE * i))
@@ -138,49 +117,6 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         for c in choices:
             if not c.req.done:
                 rep.engine.finish(c.req, "abort")  # client gone: free the slot and blocks now
-
-
-# Offsets of sibling choices into the output vocabulary: each choice gets its own text.
-_CHOICE_STRIDE = 37
-
-
-@dataclass(slots=True)
-class _Choice:
-    """Progress of one of the n choices of a request."""
-
-    index: int
-    req: EngineRequest
-    offset: int
-    sent: int = 0
-    text: str = ""  # accumulated only when stop strings must be searched
-    finish: str | None = None
-    stop_reason: str | None = None
-
-
-def _find_stop(text: str, start: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
-    best: tuple[int, str] | None = None
-    for s in stops:
-        i = text.find(s, max(0, start - len(s)))
-        if i >= 0 and (best is None or i < best[0]):
-            best = (i, s)
-    return best
-
-
-def _advance(rep: Replica, c: _Choice, stops: tuple[str, ...]) -> str:
-    """The text of `c` generated since the last call, cut before a stop string (ending it)."""
-    req = c.req
-    n = min(req.num_generated, req.max_tokens)
-    piece = rep.vocab.text(c.offset, c.sent, n)
-    c.sent = n
-    c.finish = req.finish_reason
-    if stops:
-        hit = _find_stop(c.text + piece, len(c.text), stops)
-        if hit is not None:
-            piece = (c.text + piece)[len(c.text) : hit[0]]
-            c.finish, c.stop_reason = "stop", hit[1]
-            rep.engine.finish(req, "stop")
-        c.text += piece
-    return piece
 
 
 async def _stream(
@@ -301,4 +237,6 @@ async def _unary(
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    responses.add_routes(app)
+    messages.add_routes(app)
     service_routes.add_routes(app)

@@ -44,7 +44,53 @@ def missing_field(name: str, body: dict[str, Any]) -> ApiError:
     return invalid(f"1 validation error:\n  {error}", f"body.{name}")
 
 
-_EMPTY_CHAT = "Cannot apply chat template to an empty conversation. Provide at least one message."
+def summarise(value: object) -> str:
+    """pydantic's ``input`` of an error as vLLM renders it: containers by size, else str()."""
+    if isinstance(value, dict):
+        return f"<dict of {len(value)} items>"
+    if isinstance(value, list):
+        return f"<list of {len(value)} items>"
+    return str(value)
+
+
+def validation_errors(errors: list[dict[str, Any]]) -> ApiError:
+    """Several pydantic errors in one RequestValidationError, as vLLM renders them."""
+    n = len(errors)
+    lines = "".join(f"\n  {e}" for e in errors)
+    return invalid(f"{n} validation error{'s' if n != 1 else ''}:{lines}", errors[0]["loc"])
+
+
+def field_error(kind: str, name: str, msg: str, value: object, **ctx: Any) -> dict[str, Any]:
+    """One pydantic error dict about body field ``name`` (ctx only when pydantic sets one)."""
+    error: dict[str, Any] = {"type": kind, "loc": f"body.{name}", "msg": msg,
+                             "input": summarise(value)}  # fmt: skip
+    if ctx:
+        error["ctx"] = ctx
+    return error
+
+
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_bool(body: dict[str, Any], key: str, default: bool) -> bool:
+    """A bool field as pydantic's lax mode reads it ("yes", 1 and "true" are all True)."""
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.lower() in _TRUE | _FALSE:
+        return v.lower() in _TRUE
+    raise validation_errors(
+        [field_error("bool_parsing", key, "Input should be a valid boolean", v)]
+    )
+
+
+EMPTY_CHAT = "Cannot apply chat template to an empty conversation. Provide at least one message."
+_EMPTY_CHAT = EMPTY_CHAT
 
 
 @dataclass(frozen=True, slots=True)

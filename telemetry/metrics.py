@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -17,6 +19,16 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One sample of a family: its series name (with _total, _bucket...), labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
 
 # `_created` series double the exposition size and no autoscaler or dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -84,8 +96,23 @@ class _LiveGauges(Collector):
             "GPU utilisation of the replica (heartbeat or NVML), 0..1.",
             labels=["replica"],
         )
+        # vLLM's own KV-cache usage, re-exported so an autoscaler needs only the gateway's scrape.
+        kv_usage = GaugeMetricFamily(
+            "llm_gateway_replica_kv_cache_usage_ratio",
+            "KV-cache usage of the replica from its last /metrics scrape, 0..1.",
+            labels=["replica"],
+        )
+        drained = GaugeMetricFamily(
+            "llm_gateway_replica_drained",
+            "1 while an operator drains the replica (routed nothing new), else 0.",
+            labels=["replica"],
+        )
         ejected, admit, ejections = self._outlier_families()
         for row in self._source():
+            drained.add_metric([row["name"]], 1.0 if row.get("drained") else 0.0)
+            # A replica no longer scraped (gone, or scaled away) must not hold its last value.
+            if row.get("kv_usage") is not None and row["freshness"] > 0:
+                kv_usage.add_metric([row["name"]], row["kv_usage"])
             name = [row["name"]]
             ejected.add_metric(name, 1.0 if row.get("ejected") else 0.0)
             admit.add_metric(name, row.get("admit_fraction", 1.0))
@@ -110,7 +137,7 @@ class _LiveGauges(Collector):
         for (model, bucket), depth in self._queue_depth().items():
             queue.add_metric([model, bucket], depth)
         yield from (in_flight, healthy, freshness, age, scrapes, interval, gpu_mem, gpu_util, queue)
-        yield from (ejected, admit, ejections)
+        yield from (ejected, admit, ejections, kv_usage, drained)
 
     @staticmethod
     def _outlier_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
@@ -148,6 +175,37 @@ class _TenantQueues(Collector):
         for tenant, n in self._source().items():
             depth.add_metric([tenant], n)
         yield depth
+
+
+class _SharedState(Collector):
+    """The link to the shared-state Redis, read at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, float]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        row = self._source()
+        up = GaugeMetricFamily(
+            "llm_gateway_shared_state_up",
+            "1 while routing state is shared through Redis, 0 while routing from local state.",
+        )
+        up.add_metric([], row["up"])
+        peers = GaugeMetricFamily(
+            "llm_gateway_shared_state_peers",
+            "Other gateway processes whose in-flight lease this process reads.",
+        )
+        peers.add_metric([], row["peers"])
+        yield from (up, peers)
+        for name, key, text in (
+            ("failed_ops", "failed_ops", "Redis operations that failed or timed out."),
+            ("outcomes_published", "published", "Routing outcomes this process published."),
+            ("outcomes_applied", "applied", "Other processes' routing outcomes applied here."),
+            ("outcomes_stale", "stale_local", "Outcomes older than the local entry: ignored."),
+            ("writes_rejected", "rejected_stale", "Writes Redis refused as older than it held."),
+        ):
+            family = CounterMetricFamily(f"llm_gateway_shared_state_{name}", text)
+            family.add_metric([], row[key])
+            yield family
 
 
 class _DecisionShare(Collector):
@@ -255,6 +313,12 @@ class GatewayMetrics:
             ["replica", "branch"],
             registry=self.registry,
         )
+        self._model_versions = Counter(
+            "llm_gateway_model_version_requests",
+            "Requests bound to a model version ([traffic]), by public model and version.",
+            ["model", "version"],
+            registry=self.registry,
+        )
         self._share = _DecisionShare(decision_window)
         self.registry.register(self._share)
         self.registry.register(_LiveGauges(replica_state, queue_depth))
@@ -279,6 +343,10 @@ class GatewayMetrics:
         self._child(self._decisions, replica, branch).inc()
         self._share.record(replica)
 
+    def model_version(self, model: str, version: str) -> None:
+        """A request of public `model` was bound to `version` (before routing)."""
+        self._child(self._model_versions, model, version).inc()
+
     def first_token(self, model: str, ttft_s: float) -> None:
         self._child(self._ttft, model).observe(ttft_s)
 
@@ -296,8 +364,87 @@ class GatewayMetrics:
         """Report `source()` (waiting requests per tenant) at each scrape."""
         self.registry.register(_TenantQueues(source))
 
+    def track_shared_state(self, source: Callable[[], Mapping[str, float]]) -> None:
+        """Report the shared-state link (`source()`: up, peers, op counters) at each scrape."""
+        self.registry.register(_SharedState(source))
+
     def stream_truncated(self, model: str, replica: str) -> None:
         self._child(self._truncated, model, replica).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def samples(self, families: Iterable[str]) -> dict[str, list[Sample]]:
+        """The current samples of the named families, as plain values (no SDK type leaks)."""
+        wanted = set(families)
+        return {
+            m.name: [Sample(s.name, dict(s.labels), float(s.value)) for s in m.samples]
+            for m in self.registry.collect()
+            if m.name in wanted
+        }
+
+    # --- Several workers (gateway/workers.py): any worker's scrape describes them all. ---
+
+    def track_worker(self, pid: int, restarts: int) -> None:
+        """Report this worker process's pid and its slot's restarts (told by the supervisor)."""
+        self.registry.register(_WorkerInfo(pid, restarts))
+
+    def snapshot(self) -> bytes:
+        """This process's families as JSON, for the worker answering a scrape to merge."""
+        return json.dumps([_family_row(m) for m in self.registry.collect()]).encode()
+
+
+def _family_row(m: Metric) -> list[Any]:
+    samples = [[s.name, s.labels, s.value] for s in m.samples]
+    return [m.name, m.documentation, m.type, m.unit, samples]
+
+
+class _WorkerInfo(Collector):
+    """This worker's pid (an info gauge) and its slot's restarts."""
+
+    def __init__(self, pid: int, restarts: int) -> None:
+        self._pid = str(pid)
+        self._restarts = restarts
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "llm_gateway_worker_info", "1 for each gateway worker process.", labels=["pid"]
+        )
+        info.add_metric([self._pid], 1.0)
+        restarts = CounterMetricFamily(
+            "llm_gateway_worker_restarts",
+            "Times the supervisor restarted this worker's slot after its process died.",
+        )
+        restarts.add_metric([], self._restarts)
+        yield from (info, restarts)
+
+
+class _Families(Collector):
+    """Families built elsewhere (merged snapshots), as a collector for generate_latest."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+def merge_snapshots(parts: Iterable[tuple[int, bytes]]) -> bytes:
+    """One exposition of (worker index, snapshot) pairs, each sample labelled with its worker."""
+    families: dict[str, Metric] = {}
+    answered = 0
+    for worker, blob in parts:
+        answered += 1
+        label = str(worker)
+        for name, doc, typ, unit, samples in json.loads(blob):
+            family = families.get(name)
+            if family is None:
+                family = families[name] = Metric(name, doc, typ, unit)
+            for sample, labels, value in samples:
+                family.add_sample(sample, {**labels, "worker": label}, value)
+    reporting = GaugeMetricFamily(
+        "llm_gateway_workers_reporting",
+        "Workers whose figures this scrape includes (one restarting or too slow is missing).",
+    )
+    reporting.add_metric([], answered)
+    return generate_latest(_Families([*families.values(), reporting]))

@@ -29,9 +29,10 @@ def _raise(message: str) -> None:
 
 
 def _content_text(content: Any) -> Any:
-    # OpenAI allows content as a list of parts; templates written for strings get the text parts.
+    # OpenAI allows content as a list of parts; templates written for strings get the text
+    # parts, one per line, as vLLM joins them.
     if isinstance(content, list):
-        return "".join(
+        return "\n".join(
             str(p.get("text", ""))
             for p in content
             if isinstance(p, dict) and p.get("type") == "text"

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from benchmarks.overhead_procs import cpu_seconds_of
+from benchmarks.procs import descendants
 from benchmarks.routing_bench.fleet import (
     HITS,
     PREEMPTIONS,
@@ -20,7 +21,6 @@ from benchmarks.routing_bench.fleet import (
     WAITING,
     scrape,
 )
-from benchmarks.routing_bench.peers import _descendants
 from benchmarks.routing_bench.runner import machine_busy_s
 
 COUNTERS = (HITS, QUERIES, SUCCESS, PREEMPTIONS, RUNNING, WAITING)
@@ -29,7 +29,7 @@ COUNTERS = (HITS, QUERIES, SUCCESS, PREEMPTIONS, RUNNING, WAITING)
 def group_cpu_s(pids: Sequence[int]) -> float:
     """CPU seconds of each process and all its descendants (a vLLM replica's engine core)."""
     # dict.fromkeys: once each, though a peer's pids() already lists its descendants.
-    return cpu_seconds_of(list(dict.fromkeys(x for p in pids for x in (p, *_descendants(p)))))
+    return cpu_seconds_of(list(dict.fromkeys(x for p in pids for x in (p, *descendants(p)))))
 
 
 @dataclass(frozen=True, slots=True)

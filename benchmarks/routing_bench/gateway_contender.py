@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.procs import http_status, stop_process
+from benchmarks.procs import descendants, http_status, stop_process
+from benchmarks.redis_proc import RedisProcess, RedisProcessError
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -25,12 +26,24 @@ class GatewayMode:
     precise: replicas' KV events + the replicas' tokenizer (the precise prefix index);
     otherwise no events and no tokenizer (character blocks: the approximate index).
     extra_toml: more TOML appended to the config (e.g. `[routing.profiles.X]` tables).
+    workers: gateway processes in all; hosts: over how many listen addresses (127.0.0.1,
+    127.0.0.2, ...: "hosts" of workers/hosts processes each, the load spread over them);
+    shared_state: the processes share routing state through a real Redis started for them.
     """
 
     label: str
     profile: str
     precise: bool = False
     extra_toml: str = ""
+    workers: int = 1
+    hosts: int = 1
+    shared_state: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.workers < self.hosts or self.workers % self.hosts:
+            raise ValueError(
+                f"{self.label}: workers ({self.workers}) must be a multiple of hosts ({self.hosts})"
+            )
 
 
 BUILTIN_MODES: tuple[GatewayMode, ...] = (
@@ -47,7 +60,9 @@ def _q(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def gateway_toml(mode: GatewayMode, fleet: FleetInfo, host: str, port: int) -> str:
+def gateway_toml(
+    mode: GatewayMode, fleet: FleetInfo, host: str, port: int, redis_url: str = ""
+) -> str:
     """The generated configuration; everything not named here keeps its shipped default."""
     lines = [
         "[server]",
@@ -59,6 +74,8 @@ def gateway_toml(mode: GatewayMode, fleet: FleetInfo, host: str, port: int) -> s
         f"profile = {_q(mode.profile)}",
         "",
     ]
+    if redis_url:
+        lines += ["[shared_state]", f"url = {_q(redis_url)}", ""]
     if mode.precise:
         lines += [
             "[cache_index]",
@@ -75,6 +92,11 @@ def gateway_toml(mode: GatewayMode, fleet: FleetInfo, host: str, port: int) -> s
     return "\n".join(lines) + ("\n" + mode.extra_toml if mode.extra_toml else "")
 
 
+def _tail(log: Path) -> str:
+    """The end of a gateway's log, for the error message (small: read on the loop)."""
+    return log.read_text(errors="replace")[-1500:]
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -89,65 +111,93 @@ class GatewayContender:
         self.mode = mode
         self.name = f"gateway:{mode.label}"
         self._host = host
-        self._proc: asyncio.subprocess.Process | None = None
+        self._procs: list[asyncio.subprocess.Process] = []
+        self._redis: RedisProcess | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
+    def _hosts(self) -> list[str]:
+        """One listen address per "host": this one, then the next loopback addresses."""
+        if self.mode.hosts == 1:
+            return [self._host]
+        return [f"127.0.0.{1 + i}" for i in range(self.mode.hosts)]
+
     async def start(self, fleet: FleetInfo) -> str:
+        """Every process ready; several hosts: their URLs joined by commas (the load generator
+        spreads requests over them in turn, as a client-side load balancer would)."""
         self._tmp = tempfile.TemporaryDirectory(prefix="llmgw-bench-")
         work = Path(self._tmp.name)
-        port = _free_port(self._host)
-        cfg = work / "gateway.toml"
-        cfg.write_text(gateway_toml(self.mode, fleet, self._host, port))
-        log = work / "gateway.log"
+        redis_url = ""
+        if self.mode.shared_state:
+            self._redis = RedisProcess()
+            try:
+                await self._redis.start()
+            except RedisProcessError as exc:
+                await self.stop()
+                raise ContenderUnavailable(str(exc)) from None
+            redis_url = self._redis.url
+        per_host = self.mode.workers // self.mode.hosts
+        urls = []
+        for i, host in enumerate(self._hosts()):
+            port = _free_port(host)
+            cfg = work / f"gateway-{i}.toml"
+            cfg.write_text(gateway_toml(self.mode, fleet, host, port, redis_url))
+            await self._spawn(cfg, work / f"gateway-{i}.log", per_host)
+            urls.append(await self._ready(host, port, work / f"gateway-{i}.log"))
+        return ",".join(urls)
+
+    async def _spawn(self, cfg: Path, log: Path, workers: int) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+        argv = [sys.executable, "-m", "gateway.cli", "--log-level", "warning", "serve"]
+        argv += ["-c", str(cfg)] + (["--workers", str(workers)] if workers > 1 else [])
         with log.open("wb") as err:
-            self._proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "--log-level",
-                "warning",
-                "serve",
-                "-c",
-                str(cfg),
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=err,
-                env=env,
-                cwd=_REPO,
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env, cwd=_REPO
             )
+        self._procs.append(proc)
+
+    async def _ready(self, host: str, port: int, log: Path) -> str:
+        proc = self._procs[-1]
         deadline = time.monotonic() + _START_TIMEOUT_S
         last = "no answer"
         while time.monotonic() < deadline:
-            if self._proc.returncode is not None:
-                tail = log.read_text(errors="replace")[-1500:]
+            if proc.returncode is not None:
+                tail = _tail(log)
                 await self.stop()
-                raise ContenderUnavailable(f"gateway exited ({self._proc_rc()}): {tail}")
+                raise ContenderUnavailable(f"gateway exited ({proc.returncode}): {tail}")
             try:
                 async with asyncio.timeout(1.0):
-                    code = await http_status(self._host, port, "/ready")
+                    code = await http_status(host, port, "/ready")
                 if code == 200:
-                    return f"http://{self._host}:{port}"
+                    return f"http://{host}:{port}"
                 last = f"HTTP {code}"
             except (OSError, TimeoutError, ValueError, IndexError) as exc:
                 last = repr(exc)
             await asyncio.sleep(0.1)  # polling readiness under a deadline
-        tail = log.read_text(errors="replace")[-1500:]
+        tail = _tail(log)
         await self.stop()
         raise ContenderUnavailable(f"gateway not ready in {_START_TIMEOUT_S:g} s ({last}): {tail}")
 
-    def _proc_rc(self) -> str:
-        return "?" if self._proc is None else str(self._proc.returncode)
-
     async def stop(self) -> None:
-        await stop_process(self._proc)
+        for proc in self._procs:
+            await stop_process(proc)
+        self._procs = []
+        if self._redis is not None:
+            await self._redis.stop()
+            self._redis = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
     def pids(self) -> list[int]:
-        p = self._proc
-        return [p.pid] if p is not None and p.returncode is None else []
+        """Every gateway process (workers included) and the Redis they share."""
+        out: list[int] = []
+        for p in self._procs:
+            if p.returncode is None:
+                out += [p.pid, *descendants(p.pid)]
+        if self._redis is not None and self._redis.pid is not None:
+            out.append(self._redis.pid)
+        return out
 
 
 def same_as_default(profile: str) -> bool:

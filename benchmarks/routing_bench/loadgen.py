@@ -32,7 +32,7 @@ _PROGRESS_EVERY_S = 2.0
 class LoadSpec:
     """Everything one load-generator run needs; written by the parent as JSON."""
 
-    url: str
+    url: str  # a base URL, or several joined by commas
     model: str
     workload: str
     seed: int
@@ -121,6 +121,8 @@ async def stream_chat(
 class _Run:
     def __init__(self, spec: LoadSpec, session: aiohttp.ClientSession, out: IO[bytes]) -> None:
         self.spec = spec
+        # Several gateway "hosts" (comma-joined URLs): each request to the next, in turn.
+        self.urls = spec.url.split(",")
         self.session = session
         self.out = out
         self.tasks: set[asyncio.Task[None]] = set()
@@ -165,7 +167,8 @@ class _Run:
         rec["sent"] = t0
         self.lags.append(t0 - sched)
         try:
-            await stream_chat(self.session, f"{spec.url}/v1/chat/completions", body, headers, rec)
+            url = self.urls[self.sent % len(self.urls)]
+            await stream_chat(self.session, f"{url}/v1/chat/completions", body, headers, rec)
         except asyncio.CancelledError:
             rec["error"] = rec["error"] or "cancelled at the drain deadline"
             self._write(rec)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.procs import STOP_TIMEOUT_S, http_status
+from benchmarks.procs import STOP_TIMEOUT_S, descendants, http_status
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
 
 HOST = "127.0.0.1"
@@ -223,26 +223,6 @@ def _litellm(pkg: PeerPackage, strategy: str, fleet: FleetInfo, port: int, work:
     return Launch(litellm_argv(exe, config, port), env, "/v1/models", LITELLM_HEADERS)
 
 
-def _descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    kids = [int(k) for k in f.read().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return out
-
-
 class PeerContender:
     """One peer with one policy, started in its own process group so stop() reaps all of it."""
 
@@ -357,7 +337,7 @@ class PeerContender:
         p = self._proc
         if p is None or p.returncode is not None:
             return []
-        return [p.pid, *_descendants(p.pid)]
+        return [p.pid, *descendants(p.pid)]
 
 
 _SGLANG = _rust_router(sglang_argv)

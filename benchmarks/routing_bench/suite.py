@@ -67,13 +67,17 @@ def custom_modes(path: Path) -> tuple[GatewayMode, ...]:
 def variant_modes(path: Path) -> tuple[GatewayMode, ...]:
     """`[variants.NAME]` tables: one gateway contender each, the same traffic side by side.
 
-    Keys: `profile` (default "default"), `precise` (KV events; default false) and `toml`
-    (text appended to the generated configuration, e.g. a `[score_loop]` table).
+    Keys: `profile` (default "default"), `precise` (KV events; default false), `toml`
+    (text appended to the generated configuration, e.g. a `[score_loop]` table), `workers`
+    and `hosts` (processes in all, over how many listen addresses; default 1 and 1) and
+    `shared_state` (the processes share state through a Redis started for them).
     """
     variants = tomllib.loads(path.read_text()).get("variants", {})
     modes = []
     for name, v in sorted(variants.items()):
-        unknown = sorted(set(v) - {"profile", "precise", "toml"})
+        unknown = sorted(
+            set(v) - {"profile", "precise", "toml", "workers", "hosts", "shared_state"}
+        )
         if unknown:
             raise ValueError(f"{path}: variants.{name}: unknown keys {', '.join(unknown)}")
         modes.append(
@@ -82,6 +86,9 @@ def variant_modes(path: Path) -> tuple[GatewayMode, ...]:
                 str(v.get("profile", "default")),
                 bool(v.get("precise")),
                 str(v.get("toml", "")),
+                workers=int(v.get("workers", 1)),
+                hosts=int(v.get("hosts", 1)),
+                shared_state=bool(v.get("shared_state")),
             )
         )
     return tuple(modes)

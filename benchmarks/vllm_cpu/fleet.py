@@ -34,6 +34,8 @@ ENGINE_ENV = {
     "DO_NOT_TRACK": "1",
     # /reset_prefix_cache exists only in dev mode.
     "VLLM_SERVER_DEV_MODE": "1",
+    # Without it /v1/responses silently ignores store: no GET, cancel or previous_response_id.
+    "VLLM_ENABLE_RESPONSES_API_STORE": "1",
 }
 _LOG_TAIL_LINES = 40
 

@@ -36,8 +36,13 @@ class GrpcFrontEnd:
     async def start(self) -> int:
         """Bind, start serving and return the bound port (config port 0 = ephemeral)."""
         cfg = self.config
+        options = cfg.server_options()
+        if self.runtime.worker_count > 1:
+            # The workers of one gateway share the port (the supervisor reserved it): the
+            # kernel spreads connections among them as it does for the HTTP listener.
+            options = [(k, 1 if k == "grpc.so_reuseport" else v) for k, v in options]
         server = grpc.aio.server(
-            options=cfg.server_options(),
+            options=options,
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs or None,
         )
         service = InferenceService(self.runtime)

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.admin.routes import AdminApi
 from gateway.errors import (
     BadRequest,
     Forbidden,
@@ -24,6 +25,7 @@ from gateway.errors import (
     PayloadTooLarge,
     Unauthorized,
 )
+from gateway.http.transport import DISCONNECT_EXTENSION
 from gateway.http.upstream_errors import relay_error
 from gateway.proxy import hints
 from gateway.proxy.headers import ForwardPolicy, FrontHeaders, client_response_headers
@@ -104,13 +106,14 @@ class GatewayApp:
         self._rid_header = cfg.request_id_header.lower().encode()
         # Data-plane keys ([server].api_keys and tenants' keys), trusted tenant headers.
         self._tenancy = runtime.tenancy
-        self._admin_keys = ApiKeys(cfg.admin_keys)
+        self._admin_keys: ApiKeys = runtime.admin_keys  # replaced in place by a reload
         self._forward = ForwardPolicy(cfg.forward_headers, cfg.trusted_proxies)
         routes = [
             Route("/health", self._health, methods=["GET"]),
             Route("/ready", self._ready, methods=["GET"]),
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/admin/heartbeat", self._heartbeat, methods=["POST"]),
+            *AdminApi(runtime, self._admin).routes(),
             *(Route(p, self._method_not_allowed, methods=["GET"]) for p in _HOT_PATHS),
         ]
         if runtime.config.telemetry.metrics_enabled:
@@ -137,7 +140,11 @@ class GatewayApp:
         return self._tenancy.identify(v for k, v in headers if k == b"authorization")
 
     async def _read_body(
-        self, headers: list[tuple[bytes, bytes]], receive: Receive, limit: int
+        self,
+        headers: list[tuple[bytes, bytes]],
+        receive: Receive,
+        limit: int,
+        buffered: bool = False,
     ) -> bytes:
         """The whole body, refused (413) as soon as it passes `limit` bytes, within a deadline."""
         for k, v in headers:
@@ -148,6 +155,18 @@ class GatewayApp:
                     raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
         chunks: list[bytes] = []
         size = 0
+        if buffered:
+            # All of it arrived with the head (the protocol says so): no deadline to arm.
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            body: bytes = message.get("body", b"")
+            if len(body) > limit:
+                raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
+            if not message.get("more_body", False):
+                return body
+            chunks.append(body)
+            size = len(body)
         try:
             async with asyncio.timeout(self._receive_timeout):
                 while True:
@@ -172,7 +191,9 @@ class GatewayApp:
         runtime = self.runtime
         try:
             tenant = self._authorize(headers)
-            body = await self._read_body(headers, receive, self._limit)
+            hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+            buffered = hook is not None and hook.body_buffered
+            body = await self._read_body(headers, receive, self._limit, buffered)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             found = hints.from_headers(headers)
@@ -201,14 +222,23 @@ class GatewayApp:
         assert task is not None
         cycle = _Cycle()
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        def gone() -> None:
             if not cycle.responded:
                 cycle.gone = True
                 task.cancel()
 
-        watcher = asyncio.create_task(watch())
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone()
+
+        # Our protocol calls back when the client goes; any other server gets a watcher task.
+        hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
+        watcher = None
+        if hook is not None:
+            hook.callback = gone
+        else:
+            watcher = asyncio.create_task(watch())
         self._open[task] = cycle
         try:
             await self._serve(parsed, self._forwarded(scope), started, send, cycle)
@@ -222,7 +252,10 @@ class GatewayApp:
             raise
         finally:
             del self._open[task]
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif hook is not None:
+                hook.callback = None
 
     def _forwarded(self, scope: Scope) -> FrontHeaders:
         """The request's headers as they may go upstream (credentials, X-Forwarded-*)."""

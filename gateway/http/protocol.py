@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import httptools
 from uvicorn.config import Config
@@ -13,6 +13,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
+from gateway.http.transport import DISCONNECT_EXTENSION, DisconnectHook, LingeringTransport
 from vllm_api.errors import error_body
 
 log = logging.getLogger("llm_gateway.http")
@@ -23,36 +24,10 @@ _LINGER_S = 1.0
 # Never held to max_connections_per_client: a proxy on this host multiplexes many clients (as
 # do the configured trusted_proxies).
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"), ipaddress.ip_network("::1/128"))
-# The transport methods uvicorn calls, bound straight to the real transport: no extra call.
-_FORWARDED = (
-    "write", "writelines", "write_eof", "can_write_eof", "abort", "get_extra_info",
-    "get_write_buffer_size", "get_write_buffer_limits", "set_write_buffer_limits",
-    "pause_reading", "resume_reading", "is_reading", "set_protocol", "get_protocol",
-)  # fmt: skip
 
 
 class _HeadRefused(Exception):
     """Raised in a parser callback to stop parsing a head that is over a limit."""
-
-
-class _LingeringTransport(asyncio.Transport):
-    """The connection's transport, but a close is the protocol's to decide (it may linger)."""
-
-    def __init__(self, raw: asyncio.Transport, protocol: GuardedHttpToolsProtocol) -> None:
-        super().__init__()
-        self.raw = raw
-        self._protocol = protocol
-        self._closing = False
-        for name in _FORWARDED:
-            setattr(self, name, getattr(raw, name))
-
-    def is_closing(self) -> bool:
-        return self._closing or self.raw.is_closing()
-
-    def close(self) -> None:
-        if not self._closing:
-            self._closing = True
-            self._protocol.close_requested()
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -100,6 +75,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._drain_close = False
         self._drain_left = 0
         self._drain_timer: asyncio.TimerHandle | None = None
+        # The current request's: an app task watching receive() for a disconnect costs a task
+        # per request; the protocol knows first anyway.
+        self._hook: DisconnectHook | None = None
 
     def connection_made(  # type: ignore[override]
         self, transport: asyncio.Transport
@@ -110,7 +88,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(503, "Too many open connections.")
             return
         self._raw = transport
-        super().connection_made(_LingeringTransport(transport, self))
+        super().connection_made(LingeringTransport(transport, self))
         if self.max_connections_per_client and self.client is not None and self._capped():
             host = self.client[0]
             count = self.per_client.get(host, 0)
@@ -132,6 +110,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return not any(addr in net for net in self.uncapped)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._client_gone()
         self._cancel_head_timer()
         for timer in (self._send_timer, self._drain_timer):
             if timer is not None:
@@ -206,7 +185,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        hook = self._hook = DisconnectHook()
+        # The scope is the one uvicorn hands the app (built in on_message_begin).
+        extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+        extensions[DISCONNECT_EXTENSION] = hook
         super().on_headers_complete()
+        if self.cycle is not None:
+            hook.attach(self.cycle)
+
+    def _client_gone(self) -> None:
+        """The client is gone (or refused mid-request): tell the open request, once."""
+        cycle, hook = self.cycle, self._hook
+        if hook is not None and cycle is not None and not cycle.response_complete:
+            self._hook = None
+            hook.fire()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -308,6 +300,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._draining = False
         if self._raw is not None:
+            if isinstance(self.transport, LingeringTransport):
+                self.transport.flush()
             self._raw.close()
         else:
             self.transport.close()
@@ -348,6 +342,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # gone, and its sends are dropped; the answer is this one.
             cycle.disconnected = True
             cycle.message_event.set()
+            self._client_gone()
         body = error_body(message, status)
         head = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:

@@ -7,12 +7,14 @@ import contextlib
 import math
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from gateway.http.app import GatewayApp
+from gateway.http.gc_policy import tune_for_serving
 from gateway.http.protocol import guarded_protocol
 from gateway.runtime import Runtime
 
@@ -20,10 +22,20 @@ from gateway.runtime import Runtime
 class HttpServer(uvicorn.Server):
     """uvicorn, but readiness fails the moment a stop signal arrives (drain before exit)."""
 
-    def __init__(self, runtime: Runtime, log_level: str, own_signals: bool = True) -> None:
-        super().__init__(_uvicorn_config(GatewayApp(runtime), runtime, log_level))
+    def __init__(
+        self,
+        runtime: Runtime,
+        log_level: str,
+        own_signals: bool = True,
+        wrap: Callable[[ASGIApp], ASGIApp] | None = None,
+        on_started: Callable[[], None] = lambda: None,
+    ) -> None:
+        # `wrap`: a worker of several puts its sibling-aware routes in front of the app.
+        app: ASGIApp = GatewayApp(runtime)
+        super().__init__(_uvicorn_config(wrap(app) if wrap else app, runtime, log_level))
         self.runtime = runtime
         self._own_signals = own_signals
+        self._on_started = on_started
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
@@ -48,10 +60,18 @@ class HttpServer(uvicorn.Server):
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        if self._own_signals:
+            # The process is ours (not a test's or the demo's): start-up is over, freeze it.
+            tune_for_serving()
         await super().serve(sockets)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self._on_started()  # listening: a supervisor may count this worker as up
 
-def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicorn.Config:
+
+def _uvicorn_config(app: ASGIApp, runtime: Runtime, log_level: str) -> uvicorn.Config:
     drain_timeout_s = runtime.config.server.drain_timeout_s
     return uvicorn.Config(
         app,
@@ -72,14 +92,24 @@ def _uvicorn_config(app: GatewayApp, runtime: Runtime, log_level: str) -> uvicor
         # keepalive_timeout_s and the head's own deadline header_timeout_s, in the protocol.
         server_header=False,
         date_header=False,
+        # The gateway applies its own trusted_proxies policy to X-Forwarded-For
+        # (proxy/headers.py); uvicorn's middleware would cost every request a call layer.
+        proxy_headers=False,
     )
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A listening-ready, non-blocking TCP socket on host:port (0 = ephemeral)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    if reuse_port:
+        # Several workers listen on one port and the kernel spreads connections among them.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock

@@ -7,7 +7,6 @@ import logging
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from cache_index.admission_queue import bucket_of
@@ -17,7 +16,7 @@ from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
 from gateway.config import AdmissionConfig, CacheIndexConfig
-from gateway.proxy.requests import ParsedRequest
+from gateway.proxy.requests import ParsedRequest, with_features
 from routing.types import RequestFeatures
 from vllm_api.chat_template import ChatTemplate, load_chat_template
 from vllm_api.tokenizer import Tokenizer, load_tokenizer
@@ -59,6 +58,8 @@ class Affinity:
         self._session_header = cfg.session_header.lower().encode()
         # Without a tokenizer a 64-character block is about 16 tokens (~4 characters each).
         self.block_tokens = cfg.block_size if self.tokenizer else max(1, cfg.block_chars // 4)
+        # Told of every routing outcome `record` keeps (shared state publishes them); None alone.
+        self.on_record: Callable[[RequestFeatures, str], None] | None = None
 
     def prompt_text(self, req: ParsedRequest) -> str:
         """The whole templated prompt, as the replica will see it (system prompt and history)."""
@@ -130,7 +131,8 @@ class Affinity:
     ) -> RequestFeatures:
         """What each tier knows about this request (on the event loop: the tiers aren't shared)."""
         if digest is None:
-            return replace(req.features, bucket=bucket_of(self.buckets, req.features.prompt_tokens))
+            bucket = bucket_of(self.buckets, req.features.prompt_tokens)
+            return with_features(req.features, bucket=bucket)
         tokens, p_hash, hashes = digest
         now = time.monotonic()
         header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
@@ -141,7 +143,7 @@ class Affinity:
         if not match and hashes:
             # No cache holds any of it: if vLLM evicted it, it may go back where it lived.
             home = self.homes.lookup(hashes)
-        return replace(
+        return with_features(
             req.features,
             prompt_tokens=tokens,
             bucket=bucket_of(self.buckets, tokens),
@@ -181,6 +183,8 @@ class Affinity:
             self.prefixes.record_routed(replica, features.block_hashes, now)
             if self.prefixes.mode(replica) == "precise":
                 self.homes.record(replica, features.block_hashes)
+        if self.on_record is not None:
+            self.on_record(features, replica)
 
     def forget_replica(self, replica: str) -> None:
         """A replica restarted or left: nothing it cached can be trusted."""

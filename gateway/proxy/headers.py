@@ -33,6 +33,8 @@ _GATEWAY_SET = frozenset(
 )
 _REQUEST_DROP = HOP_BY_HOP | CREDENTIALS | _GATEWAY_SET
 _RESPONSE_DROP = HOP_BY_HOP | {b"content-length", b"server", b"date", b"proxy-authorization"}
+# The gateway sets the answer's x-request-id itself.
+_RESPONSE_DROP_RID = _RESPONSE_DROP | {b"x-request-id"}
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -147,7 +149,9 @@ def client_response_headers(
 ) -> list[tuple[bytes, bytes]]:
     """Upstream response headers minus hop-by-hop, with the request id."""
     raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream_headers]
-    drop = _RESPONSE_DROP | _connection_named(raw) | {b"x-request-id"}
+    drop = _RESPONSE_DROP_RID
+    if any(k == b"connection" for k, _ in raw):
+        drop = drop | _connection_named(raw)
     out = [(k, v) for k, v in raw if k not in drop]
     out.append((b"x-request-id", request_id.encode("latin-1")))
     return out

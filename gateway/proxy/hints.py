@@ -1,9 +1,11 @@
 """Routing hints a client sends beside the body: tenant, priority, model hints; HTTP or gRPC.
 
 `x-tenant-id` names the tenant (short and plain, else ignored; honoured only from trusted
-sources, see gateway/proxy/tenancy.py); `x-priority` is an integer or a class name, `P1` = 1
-(malformed: 400 / INVALID_ARGUMENT). A body `priority` field wins over the header, since
-that is the one vLLM itself reads.
+sources, see gateway/proxy/tenancy.py); `x-priority` (or its alias `x-llm-priority`; both
+present must agree) is an integer or a class name, `P1` = 1 (malformed: 400 /
+INVALID_ARGUMENT). A body `priority` field wins over the header, since that is the one vLLM
+itself reads. `x-canary-weight` (0..100) asks for the canaries' share of a model's versions;
+the version stage (gateway/proxy/versions.py) honours it only where `[traffic]` allows.
 
 `x-model-hint` asks for replica labels (matched by the `label` filter of a routing profile
 that has one): comma-separated `key=value` pairs, e.g.
@@ -25,6 +27,8 @@ from gateway.proxy.requests import ParsedRequest
 
 TENANT = "x-tenant-id"
 PRIORITY = "x-priority"
+PRIORITY_ALIAS = "x-llm-priority"
+CANARY_WEIGHT = "x-canary-weight"
 MODEL_HINT = "x-model-hint"
 _MAX_HINT = 128
 MAX_MODEL_HINTS = 8
@@ -35,7 +39,9 @@ _MODEL_HINT_SYNTAX = (
     f"`{MODEL_HINT}` {{where}} must be up to {MAX_MODEL_HINTS} comma-separated key=value pairs "
     "with distinct keys (keys up to 32, values up to 64 characters of A-Z a-z 0-9 . _ -)."
 )
-_HEADER_KEYS = frozenset(k.encode() for k in (TENANT, PRIORITY, MODEL_HINT))
+_HEADER_KEYS = frozenset(
+    k.encode() for k in (TENANT, PRIORITY, PRIORITY_ALIAS, MODEL_HINT, CANARY_WEIGHT)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,8 @@ class Hints:
     priority: int | None = None
     # x-model-hint: the replica labels the request asks for (RequestFeatures.hints).
     labels: Mapping[str, str] = field(default_factory=dict)
+    # x-canary-weight: the canaries' share the client asks for (RequestFeatures.canary_weight).
+    canary_weight: int | None = None
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
@@ -81,17 +89,31 @@ def collect(values: dict[str, str], key: str, value: str) -> None:
 def parse(values: Mapping[str, str], where: str) -> Hints:
     """Hints from lower-cased keys (no headers to pass on); `where` names the carrier in errors."""
     priority: int | None = None
-    if PRIORITY in values:
-        raw = values[PRIORITY]
+    for key in (PRIORITY, PRIORITY_ALIAS):
+        if key not in values:
+            continue
+        raw = values[key]
         try:
             # A class name (P0..P2) or vLLM's integer priority.
-            priority = int(raw[1:] if raw[:1] in ("P", "p") else raw)
+            value = int(raw[1:] if raw[:1] in ("P", "p") else raw)
         except ValueError:
-            raise BadRequest(f"`{PRIORITY}` {where} must be an integer or P0..P2.") from None
+            raise BadRequest(f"`{key}` {where} must be an integer or P0..P2.") from None
+        if priority is not None and value != priority:
+            raise BadRequest(f"`{PRIORITY}` and `{PRIORITY_ALIAS}` {where} disagree.")
+        priority = value
+    canary: int | None = None
+    if CANARY_WEIGHT in values:
+        raw = values[CANARY_WEIGHT]
+        canary = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else -1
+        if not 0 <= canary <= 100:
+            raise BadRequest(f"`{CANARY_WEIGHT}` {where} must be an integer from 0 to 100.")
     tenant = values.get(TENANT)
     labels = model_hints(values[MODEL_HINT], where) if MODEL_HINT in values else {}
     return Hints(
-        tenant=tenant if tenant and plain(tenant) else None, priority=priority, labels=labels
+        tenant=tenant if tenant and plain(tenant) else None,
+        priority=priority,
+        labels=labels,
+        canary_weight=canary,
     )
 
 
@@ -111,6 +133,8 @@ def apply(req: ParsedRequest, hints: Hints) -> ParsedRequest:
         features = replace(features, tenant=hints.tenant)
     if hints.labels:
         features = replace(features, hints=hints.labels)
+    if hints.canary_weight is not None:
+        features = replace(features, canary_weight=hints.canary_weight)
     if hints.priority is not None and "priority" not in req.data:
         features = replace(features, priority=hints.priority)
     return req if features is req.features else replace(req, features=features)

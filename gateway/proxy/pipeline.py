@@ -23,6 +23,7 @@ from gateway.proxy.requests import ParsedRequest
 from gateway.proxy.tenancy import Grant, Tenancy
 from gateway.proxy.tenancy_config import DEFAULT_TENANT
 from gateway.proxy.upstream import Exchange, Upstream, UpstreamResponse
+from gateway.proxy.versions import Traffic
 from gateway.replicas.pool import Lease, ReplicaPool
 from routing.router import Router
 from routing.types import Branch, Decision, NoReplicaError, RequestFeatures
@@ -81,6 +82,9 @@ class Pipeline:
         self._upstream = upstream
         self._transport_errors = upstream.transport_errors
         self._metrics = metrics
+        # Model versions, instance-class labels and vLLM priorities (gateway/proxy/versions.py).
+        classes = tenancy.priority if tenancy is not None else None
+        self._traffic = Traffic(config, metrics.model_version, classes)
 
     def check_model(self, model: str) -> None:
         """404 for a model no replica has ever served, as vLLM does for its own models."""
@@ -131,6 +135,7 @@ class Pipeline:
         started: float,
         rtrace: RequestTrace | None,
     ) -> Exchange:
+        req = self._traffic.choose(req, client_headers)
         self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
         features = await self._affinity.features_off_loop(req, client_headers)
@@ -156,6 +161,7 @@ class Pipeline:
                 raise NoHealthyReplica(
                     f"No healthy replica is serving model `{req.model}`."
                 ) from None
+            decision = self._traffic.relabel(features, decision)
             routed = decision.branch
             if waited:
                 decision = replace(decision, branch=Branch.QUEUED)
@@ -253,6 +259,7 @@ class Pipeline:
     ) -> Exchange:
         url = decision.replica.url + _PATHS[req.kind]
         cfg, replica = self._cfg, lease.replica
+        body = self._traffic.upstream_body(req, replica.config, headers)
         # Streams: the head within response_head_timeout_s, the first chunk within
         # first_byte_timeout_s of the start. A non-streamed answer's head comes with its body.
         total = cfg.first_byte_timeout_s if req.stream else cfg.non_stream_timeout_s
@@ -264,7 +271,7 @@ class Pipeline:
                 # Registered so that health checks marking the replica down end the wait.
                 replica.awaiting.add(deadline)
                 try:
-                    resp = await self._upstream.post(url, req.body, headers)
+                    resp = await self._upstream.post(url, body, headers)
                     if head < total:
                         deadline.reschedule(now + total)
                     first, streaming = await self._first(req, resp, replica.name)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain
+from operator import attrgetter
 from typing import Any, Literal
 
 import orjson
@@ -20,6 +21,24 @@ _PROMPT_SHAPE = (
     "`prompt` must be a string, an array of strings, an array of token ids "
     "(integers from 0 to 2**32 - 1) or an array of arrays of token ids."
 )
+
+
+# RequestFeatures copied positionally (as routing/router.py does): dataclasses.replace looks
+# its fields up on every call and costs about twice as much, on every request.
+_FEATURE_FIELDS = tuple(f.name for f in fields(RequestFeatures))
+_FEATURE_VALUES = attrgetter(*_FEATURE_FIELDS)
+_FEATURE_INDEX = {name: i for i, name in enumerate(_FEATURE_FIELDS)}
+
+
+def with_features(features: RequestFeatures, **changes: Any) -> RequestFeatures:
+    """`dataclasses.replace(features, **changes)`, cheaper (TypeError on an unknown field)."""
+    values = list(_FEATURE_VALUES(features))
+    for name, value in changes.items():
+        try:
+            values[_FEATURE_INDEX[name]] = value
+        except KeyError:
+            raise TypeError(f"RequestFeatures has no field {name!r}") from None
+    return RequestFeatures(*values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The seam to the replicas (Upstream), its aiohttp implementation, and one upstream exchange."""
+"""The seam to the replicas (Upstream), the loops' aiohttp session, and one upstream exchange."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from telemetry.tracing import RequestTrace
 if TYPE_CHECKING:
     from gateway.proxy.tenancy import Grant
 
-# The contract follows aiohttp's own response shape on purpose: the production response is
-# aiohttp's ClientResponse itself, so the hot path has no adapter object and no extra await
-# per chunk. A wrapper that mapped errors per chunk would cost ~150-200 ns a chunk.
+# The contract follows aiohttp's response shape (so a ClientResponse still fits it); the
+# production implementation is proxy/http_client.py's Http1Upstream, whose response is read
+# directly: no adapter object and no extra await per chunk.
 
 
 class BodyReader(Protocol):
@@ -79,7 +79,7 @@ class Upstream(Protocol):
 
 
 def make_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
-    """One pooled client per process; limits are explicit so nothing caps connections silently."""
+    """The health, score and KV loops' pooled client; limits explicit, none capped silently."""
     connector = aiohttp.TCPConnector(
         limit=cfg.max_connections,
         limit_per_host=cfg.max_connections_per_replica,
@@ -94,24 +94,6 @@ def make_session(cfg: UpstreamConfig) -> aiohttp.ClientSession:
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
         cookie_jar=aiohttp.DummyCookieJar(),
     )
-
-
-class AiohttpUpstream:
-    """The production upstream: the process's one pooled aiohttp client."""
-
-    __slots__ = ("_session",)
-
-    # ConnectionError too: a reset can surface from the socket as the builtin.
-    transport_errors: tuple[type[Exception], ...] = (aiohttp.ClientError, ConnectionError)
-
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
-
-    def post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> Awaitable[aiohttp.ClientResponse]:
-        # aiohttp's request context manager is itself awaitable: no coroutine of ours per call.
-        return self._session.post(url, data=body, headers=headers)
 
 
 class StreamBroken(Exception):

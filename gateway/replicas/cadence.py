@@ -42,13 +42,15 @@ class Bounds:
     max_per_s: float
 
     @classmethod
-    def of(cls, cfg: ScoreLoopConfig) -> Bounds:
+    def of(cls, cfg: ScoreLoopConfig, workers: int = 1) -> Bounds:
+        """The bounds of one of `workers` gateway processes on a host, which split the budget."""
+        # Each worker scrapes every replica: split, a replica's cost does not grow N-fold.
         steady = max(cfg.steady_scrape_interval_s, cfg.scrape_interval_s)
         return cls(
             cfg.scrape_interval_s,
             steady,
             max(cfg.idle_scrape_interval_s, steady),
-            cfg.max_scrapes_per_s,
+            cfg.max_scrapes_per_s / max(1, workers),
         )
 
     @property

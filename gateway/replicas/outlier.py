@@ -123,8 +123,8 @@ class OutlierPolicy:
         self._records = {name: _Record() for name in names}
         self._patterns = tuple(p.lower() for p in cfg.oom_patterns)
         self._bucket_s = cfg.failure_rate_window_s / _BUCKETS
-        fleet = len(self._records)
-        self._cap = max(1, math.floor(cfg.max_ejected_share * fleet)) if fleet >= 2 else 0
+        self._cap = 0
+        self._resize()
         self._ejected: set[str] = set()
         self._ramping: set[str] = set()
         # Ramp steps from ramp_start to a full share.
@@ -132,19 +132,36 @@ class OutlierPolicy:
         # The earliest time tick() has something to do (an ejection or a ramp ending).
         self.next_event = math.inf
 
+    def _resize(self) -> None:
+        fleet = len(self._records)
+        self._cap = max(1, math.floor(self.config.max_ejected_share * fleet)) if fleet >= 2 else 0
+
+    def add(self, name: str, slow_start: bool = True) -> None:
+        """A replica joins at runtime; with `slow_start` its first time up ramps like a return."""
+        self._records[name] = _Record(seen_up=slow_start)
+        self._resize()
+
+    def remove(self, name: str) -> None:
+        """A replica leaves: its record, ejection and ramp go with it."""
+        self._records.pop(name, None)
+        self._ejected.discard(name)
+        self._ramping.discard(name)
+        self._resize()
+
     # --- passive outcomes -------------------------------------------------------------------
 
     def success(self, name: str, now: float) -> None:
-        rec = self._records[name]
-        if rec.ejected_until is not None:
+        # A removed replica's last streams still end (after a forced removal): nothing to record.
+        rec = self._records.get(name)
+        if rec is None or rec.ejected_until is not None:
             return  # an answer started before the ejection says nothing new
         rec.consecutive = 0
         self._count(rec, now, failed=False)
 
     def failure(self, name: str, now: float, detail: str, others_routable: int) -> Ejection | None:
         """A failed request; the ejection it triggers, if the detectors and the caps agree."""
-        rec = self._records[name]
-        if rec.ejected_until is not None:
+        rec = self._records.get(name)
+        if rec is None or rec.ejected_until is not None:
             return None
         rec.consecutive += 1
         self._count(rec, now, failed=True)

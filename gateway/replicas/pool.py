@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,19 @@ class ReplicaPool:
     def __iter__(self) -> Iterator[ReplicaState]:
         return iter(self.replicas.values())
 
+    def add(self, replica: ReplicaState, slow_start: bool = True) -> None:
+        """A replica joins at runtime: routable once a probe passes, ramping if `slow_start`."""
+        self.replicas[replica.name] = replica
+        self.ejections[replica.name] = {}
+        self.outlier.add(replica.name, slow_start)
+
+    def remove(self, name: str) -> ReplicaState:
+        """A replica leaves (drained first by the caller): its state and outlier record go."""
+        replica = self.replicas.pop(name)
+        self.ejections.pop(name, None)
+        self.outlier.remove(name)
+        return replica
+
     def __getitem__(self, name: str) -> ReplicaState:
         return self.replicas[name]
 
@@ -98,7 +111,7 @@ class ReplicaPool:
         # its models: alone (or with only other returning ones) it takes what comes.
         full: set[str] = set()
         for r in self.replicas.values():
-            if r.healthy and r.name not in ramping:
+            if r.healthy and not r.drained and r.name not in ramping:
                 full |= r.models
         outlier = self.outlier
         return [
@@ -116,6 +129,11 @@ class ReplicaPool:
             self.outlier.routed(name, self.clock())
         return Lease(replica, self)
 
+    def set_remote_in_flight(self, counts: Mapping[str, int]) -> None:
+        """Other gateway processes' in-flight requests per replica (absent: none)."""
+        for r in self.replicas.values():
+            r.remote_in_flight = counts.get(r.name, 0)
+
     # --- outlier ejection -----------------------------------------------------------------
 
     def passive_failure(self, replica: ReplicaState, detail: str) -> None:
@@ -131,7 +149,9 @@ class ReplicaPool:
         )
 
     def _others(self, replica: ReplicaState) -> int:
-        return sum(1 for r in self.replicas.values() if r.healthy and r is not replica)
+        return sum(
+            1 for r in self.replicas.values() if r.healthy and not r.drained and r is not replica
+        )
 
     def _apply(self, replica: ReplicaState, ejection: Ejection | None) -> None:
         if ejection is None:
@@ -213,7 +233,7 @@ class ReplicaPool:
         return False
 
     def ready(self) -> bool:
-        return any(r.healthy for r in self.replicas.values())
+        return any(r.healthy and not r.drained for r in self.replicas.values())
 
     def model_cards(self) -> list[dict[str, Any]]:
         """The union of what healthy replicas serve, each model once."""
@@ -241,9 +261,11 @@ class ReplicaPool:
                 "scrape_interval_s": r.scrape_interval_s,
                 "gpu_mem_used_frac": r.gpu_mem_used_frac,
                 "gpu_util": r.gpu_util,
+                "kv_usage": r.metrics.kv_usage if r.metrics is not None else None,
                 "ejected": outlier.ejected(r.name),
                 "admit_fraction": outlier.fraction(r.name, now),
                 "ejections": dict(self.ejections[r.name]),
+                "drained": r.drained,
             }
             for r in self.replicas.values()
         ]

@@ -60,6 +60,7 @@ class ScoreLoop:
         on_scrape: Callable[[], None] = lambda: None,
         on_restart: Callable[[str], None] = lambda _name: None,
         on_preemptions: Callable[[str, float], None] = lambda _name, _count: None,
+        workers: int = 1,
     ) -> None:
         # Told each rise of a replica's preemption counter between two scrapes (the outlier
         # policy ejects on a jump).
@@ -74,7 +75,8 @@ class ScoreLoop:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
         self._history: dict[str, deque[tuple[float, VllmMetrics]]] = {}
-        self._bounds = Bounds.of(cfg)
+        # `workers` gateway processes on this host scrape the same replicas: each takes its share.
+        self._bounds = Bounds.of(cfg, workers)
         self._paces: dict[str, _Pace] = {}
 
     def _pace(self, replica: ReplicaState, now: float) -> _Pace:

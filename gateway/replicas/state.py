@@ -24,6 +24,8 @@ class ReplicaState:
     gpu_stale_s: float = 10.0
     healthy: bool = False
     in_flight: int = 0
+    # Other gateway processes' requests in flight here (shared state's leases; 0 alone).
+    remote_in_flight: int = 0
     # Model cards from the replica's /v1/models (base model and LoRA adapters).
     model_cards: tuple[dict[str, Any], ...] = ()
     models: frozenset[str] = frozenset()
@@ -32,6 +34,8 @@ class ReplicaState:
     # `healthy` is whether it is routable: up by health checks and not ejected (pool.py).
     probe_down: bool = False
     passive_failures: int = 0
+    # Drained by an operator (admin API, discovery removal): routed nothing new, streams finish.
+    drained: bool = False
     last_error: str = ""
     requests_total: int = 0
     errors_total: int = 0
@@ -96,7 +100,8 @@ class ReplicaState:
         gpu_ok = now - self.gpu_seen_at <= self.gpu_stale_s
         key = (
             self.in_flight,
-            self.healthy,
+            self.remote_in_flight,
+            self.healthy and not self.drained,
             self.queued_prefill_tokens,
             self.cached_blocks,
             self.metrics,
@@ -136,8 +141,10 @@ class ReplicaState:
             models=self.models,
             weight=self.config.weight,
             labels=self.config.labels,
-            healthy=self.healthy,
-            in_flight=self.in_flight,
+            healthy=self.healthy and not self.drained,
+            # The router balances every process's load; the scrape deltas above stay this
+            # process's own (the others' arrivals reach vLLM's counts by the next scrape).
+            in_flight=self.in_flight + self.remote_in_flight,
             running=running,
             waiting=waiting,
             kv_usage=kv,

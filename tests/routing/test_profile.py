@@ -32,6 +32,7 @@ def test_prefix_profile_plugins_and_weights() -> None:
     assert [f.type for f in prefix.filters] == [
         "healthy",
         "serves_model",
+        "model_version",
         "saturation",
         "lora_affinity",
     ]
@@ -83,7 +84,8 @@ def test_profiles_follow_every_tier_by_default_prompt_cache_first() -> None:
         (
             ProfileSpec(OK_PICKER, (PluginSpec("healty"),), OK_SCORERS, name="p"),
             r"profile 'p' filters\[0\]: unknown filter 'healty' "
-            r"\(known: healthy, label, lora_affinity, saturation, serves_model\)",
+            r"\(known: healthy, label, length_class, lora_affinity, model_version, saturation, "
+            r"serves_model\)",
         ),
         (
             ProfileSpec(OK_PICKER, (PluginSpec("least_inflight"),), (), name="p"),

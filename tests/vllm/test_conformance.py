@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # Conformance tests vLLM 0.32.0 fails, deselected with the reason: empty, the suite asserts
 # vLLM's behaviour and the simulator follows it (test_vllm_032_behaviour.py compares the two).
 # An engine upgrade that changes behaviour is listed here until suite and simulator follow.
+#
+# vLLM behaviours the simulator deliberately does not copy, so no test asserts them:
+# - its Responses store grows without bound ("may cause a memory leak", its own warning); the
+#   simulator drops the oldest beyond SimConfig.responses_store_size;
+# - GET /v1/responses/{id}?stream=true of a response that was not a background stream breaks
+#   the connection mid-body (an exception inside its event generator); the simulator answers
+#   the stored JSON and does not replay events;
+# - a background *stream* keeps generating after its client leaves; the simulator aborts it
+#   with the connection, as it does every stream.
 KNOWN_DIFFERENCES: dict[str, str] = {}
 
 

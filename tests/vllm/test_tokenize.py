@@ -34,6 +34,17 @@ CHATS: tuple[list[dict[str, Any]], ...] = (
         {"role": "assistant", "content": "Blocks, hashes, reuse."},
         {"role": "user", "content": "unicode café 🙂 and more"},
     ],
+    # Content parts: vLLM joins a message's text parts with newlines.
+    [
+        {"role": "system", "content": [{"type": "text", "text": "Part one."}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first part"},
+                {"type": "text", "text": "second part"},
+            ],
+        },
+    ],
 )
 
 

@@ -1,11 +1,13 @@
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 
 from benchmarks.routing_bench.contenders import FleetInfo
 from benchmarks.routing_bench.gateway_contender import (
     BUILTIN_MODES,
+    GatewayContender,
     GatewayMode,
     gateway_contenders,
     gateway_toml,
@@ -14,6 +16,7 @@ from benchmarks.routing_bench.gateway_contender import (
 from benchmarks.routing_bench.suite import custom_modes, variant_modes
 from gateway.config import parse_config
 from gateway.runtime import build_router
+from simulator import SimConfig, SimFleet
 
 FLEET = FleetInfo(
     urls=("http://127.0.0.1:9001", "http://127.0.0.1:9002"),
@@ -79,3 +82,48 @@ def test_variants_run_one_gateway_config_each(tmp_path: Path) -> None:
     path.write_text("[variants.bad]\nprofiles = 1\n")
     with pytest.raises(ValueError, match=r"variants\.bad: unknown keys profiles"):
         variant_modes(path)
+
+
+def test_variants_name_workers_hosts_and_shared_state(tmp_path: Path) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text(
+        "[variants.w2]\nworkers = 2\nshared_state = true\n"
+        "[variants.two_hosts]\nworkers = 4\nhosts = 2\n"
+    )
+    modes = variant_modes(path)
+    assert [(m.label, m.workers, m.hosts, m.shared_state) for m in modes] == [
+        ("two_hosts", 4, 2, False),
+        ("w2", 2, 1, True),
+    ]
+    cfg = parse_config(
+        tomllib.loads(gateway_toml(modes[1], FLEET, "127.0.0.1", 1, "redis://127.0.0.1:7/0"))
+    )
+    assert cfg.shared_state.url == "redis://127.0.0.1:7/0"
+    assert parse_config(tomllib.loads(gateway_toml(modes[0], FLEET, "h", 1))).shared_state.url == ""
+    for workers, hosts in ((3, 2), (1, 2), (2, 0)):
+        with pytest.raises(ValueError, match="multiple of hosts"):
+            GatewayMode("bad", "default", workers=workers, hosts=hosts)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "redis"])
+async def test_two_hosts_are_two_listeners_over_one_fleet(shared: bool) -> None:
+    """Real processes: two `serve` on 127.0.0.1 and 127.0.0.2 (and a real Redis when shared)."""
+    async with SimFleet(SimConfig(model=FLEET.model, time_scale=50.0), replicas=2) as fleet:
+        info = FleetInfo(
+            tuple(r.url for r in fleet.replicas), FLEET.model, (None, None), "builtin", 16, "sim"
+        )
+        contender = GatewayContender(
+            GatewayMode("h2", "default", workers=2, hosts=2, shared_state=shared)
+        )
+        try:
+            urls = (await contender.start(info)).split(",")
+            assert [u.rsplit(":", 1)[0] for u in urls] == ["http://127.0.0.1", "http://127.0.0.2"]
+            assert len(contender.pids()) == 2 + shared  # two gateways (and the Redis)
+            body = {"model": FLEET.model, "prompt": "hello", "max_tokens": 2}
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                for url in urls:
+                    resp = await client.post(f"{url}/v1/completions", json=body)
+                    assert resp.status_code == 200, resp.text
+        finally:
+            await contender.stop()
+        assert contender.pids() == []

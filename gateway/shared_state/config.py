@@ -1,0 +1,85 @@
+"""The `[shared_state]` TOML table: Redis shared by every gateway process ("" = this one alone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True, slots=True)
+class SharedStateConfig:
+    """Where the routing state of several gateway processes meets, and how hard to lean on it."""
+
+    # redis://host:port/db (or rediss://, unix://); "" = no sharing, this process alone.
+    url: str = ""
+    # Prefix of every key and of the channel, so several gateways may share one Redis.
+    key_prefix: str = "llmgw"
+    # The one Redis wait on a request's path (a quota reserve): past it, decide locally.
+    op_timeout_s: float = 0.005
+    # Background round trips (publish, leases, in-flight reads, settles, bootstrap chunks).
+    batch_timeout_s: float = 0.25
+    connect_timeout_s: float = 0.5
+    # Routing outcomes are batched for this long, then published and written in one pipeline.
+    flush_interval_s: float = 0.01
+    # How often the other processes' in-flight counts are read.
+    inflight_poll_s: float = 0.05
+    # A process's in-flight lease (and quota slots) outlive its last write by this long.
+    lease_ttl_s: float = 3.0
+    # Reconnect backoff while Redis is unreachable: doubles from min to max.
+    reconnect_min_s: float = 0.05
+    reconnect_max_s: float = 2.0
+    # Connections of this process's pool (pub/sub holds one).
+    max_connections: int = 8
+    # Outcomes waiting to be published; the oldest are dropped past it (Redis down).
+    max_pending: int = 10_000
+    # Leading block hashes one outcome carries (deeper blocks rarely change a decision).
+    max_event_blocks: int = 1024
+    # Bounds of the bootstrap state in Redis (entries also expire with the cache TTLs).
+    max_prompts: int = 100_000
+    max_sessions: int = 100_000
+    max_blocks_per_replica: int = 65_536
+    # Seconds a replica's prefix placements stay in Redis after its last write.
+    prefix_ttl_s: float = 600.0
+    # Tenants' quotas counted in Redis (across processes) rather than per process.
+    quotas: bool = True
+
+    def __post_init__(self) -> None:
+        if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"url must be redis://, rediss:// or unix://, got {self.url!r}")
+        if not self.key_prefix or any(c in self.key_prefix for c in " {}"):
+            raise ValueError(
+                f"key_prefix must be non-empty, without spaces or braces: {self.key_prefix!r}"
+            )
+        for name in (
+            "op_timeout_s",
+            "batch_timeout_s",
+            "connect_timeout_s",
+            "flush_interval_s",
+            "inflight_poll_s",
+            "lease_ttl_s",
+            "reconnect_min_s",
+            "reconnect_max_s",
+            "max_connections",
+            "max_pending",
+            "max_event_blocks",
+            "max_prompts",
+            "max_sessions",
+            "max_blocks_per_replica",
+            "prefix_ttl_s",
+        ):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.max_connections < 2:
+            raise ValueError("max_connections must be >= 2 (pub/sub holds one)")
+        if (
+            self.lease_ttl_s <= 2 * self.inflight_poll_s
+            or self.lease_ttl_s <= self.flush_interval_s
+        ):
+            raise ValueError("lease_ttl_s must exceed 2 x inflight_poll_s and flush_interval_s")
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)

@@ -1,0 +1,400 @@
+"""The shared state component: one Redis connection pool per process and its background loops.
+
+Nothing on a request's routing path reads Redis. Each process publishes its routing outcomes
+(batched, pipelined) and applies the others' to its own cache index (`mirror.py`); its
+in-flight counts are a lease (a hash with a TTL) the others read every `inflight_poll_s`.
+While Redis is down or slow every process routes from what it holds; one log line says so,
+one says when sharing is back (re-subscribed, leases rewritten, tier-1 state re-read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from gateway.proxy.affinity import Affinity
+from gateway.replicas.pool import ReplicaPool
+from gateway.shared_state import bootstrap
+from gateway.shared_state.config import SharedStateConfig
+from gateway.shared_state.mirror import Mirror, Outcome, decode, encode, outcome_of
+from gateway.shared_state.scripts import ALL, SHAS, Keys
+from gateway.shared_state.writes import queue_outcomes
+from routing.types import RequestFeatures
+
+log = logging.getLogger("llm_gateway.shared_state")
+
+# What a Redis call may raise besides CancelledError (never caught): its errors, a socket's,
+# and our own deadline.
+FAILURES = (RedisError, OSError, TimeoutError)
+# Outcomes and block hashes per pub/sub message: a burst becomes a few messages, each well
+# under Redis's pub/sub output-buffer limits (8 MB soft) for a subscriber that lags.
+_PER_MESSAGE = 256
+_BLOCKS_PER_MESSAGE = 16_384
+# One quota settle waiting to be sent: (tenant, tokens_per_minute, reserved, used or None).
+Settle = tuple[str, int, int, int | None]
+
+
+@dataclass(slots=True)
+class SharedStats:
+    """Counters of the link to Redis (read by the metrics at scrape time)."""
+
+    failed_ops: int = 0
+    published: int = 0
+    dropped: int = 0
+    # Writes Redis refused as older than what it held (another process decided later).
+    rejected_stale: int = 0
+    peers: int = 0
+    downs: int = 0
+
+
+def default_process_id() -> str:
+    """host:pid:random: unique even for two gateways in one process (tests, the demo)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _reraise_cancel() -> None:
+    # A client library may turn our cancellation into its own error: never swallow it.
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def _split(outcomes: list[Outcome]) -> list[list[Outcome]]:
+    parts: list[list[Outcome]] = []
+    part: list[Outcome] = []
+    blocks = 0
+    for o in outcomes:
+        if part and (len(part) == _PER_MESSAGE or blocks + len(o[4]) > _BLOCKS_PER_MESSAGE):
+            parts.append(part)
+            part, blocks = [], 0
+        part.append(o)
+        blocks += len(o[4])
+    if part:
+        parts.append(part)
+    return parts
+
+
+class SharedState:
+    """Shares tier-1, prefix history, in-flight load and quota slots through one Redis."""
+
+    def __init__(
+        self,
+        cfg: SharedStateConfig,
+        affinity: Affinity,
+        pool: ReplicaPool,
+        process_id: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.keys = Keys(cfg.key_prefix)
+        self.process_id = process_id or default_process_id()
+        self.affinity = affinity
+        self.pool = pool
+        self.mirror = Mirror(affinity, pool)
+        self.stats = SharedStats()
+        self.up = False
+        self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
+        self._settles: deque[Settle] = deque(maxlen=cfg.max_pending)
+        self._has_pending = asyncio.Event()
+        self._up = asyncio.Event()
+        self._subscribed = asyncio.Event()
+        self._down = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        # Tenant -> quota slots this process holds in Redis (set by the Redis quota store).
+        self.quota_held: Callable[[], Mapping[str, int]] = dict
+        self.redis = Redis(
+            connection_pool=BlockingConnectionPool.from_url(
+                cfg.url,
+                max_connections=cfg.max_connections,
+                timeout=cfg.batch_timeout_s,
+                socket_timeout=cfg.batch_timeout_s,
+                socket_connect_timeout=cfg.connect_timeout_s,
+                # Fail fast: the loops retry on their own schedule, a request never waits.
+                retry=Retry(NoBackoff(), 0),
+            ),
+        )
+
+    # --- the hot path's part: one append -------------------------------------------------
+
+    def on_record(self, features: RequestFeatures, replica: str) -> None:
+        """Affinity.record's hook: queue the outcome; encoding happens in the flush."""
+        pending = self._pending
+        if len(pending) == pending.maxlen:
+            self.stats.dropped += 1
+        pending.append((time.time(), features, replica))
+        if not self._has_pending.is_set():
+            self._has_pending.set()
+
+    def queue_settle(self, settle: Settle) -> None:
+        """A quota settle for the next flush (dropped while Redis is down: leases heal it)."""
+        if self.up:
+            self._settles.append(settle)
+            if not self._has_pending.is_set():
+                self._has_pending.set()
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect once (a failure is logged, not fatal) and start the loops."""
+        self._tasks = [
+            asyncio.create_task(self._flusher(), name="shared-state-flush"),
+            asyncio.create_task(self._poller(), name="shared-state-inflight"),
+            asyncio.create_task(self._subscriber(), name="shared-state-subscribe"),
+        ]
+        await self._connect()
+        if not self.up:
+            self._mark_down("start", None)
+        self._tasks.append(asyncio.create_task(self._connector(), name="shared-state-connect"))
+
+    async def stop(self) -> None:
+        """Stop the loops, drop this process's lease (the others stop counting it), close."""
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            # Bounded: a loop stuck in a client call must not hold the gateway's shutdown.
+            await asyncio.wait(self._tasks, timeout=4 * self.cfg.batch_timeout_s)
+        self._tasks = []
+        if self.up:
+            with contextlib.suppress(*FAILURES):
+                async with asyncio.timeout(self.cfg.batch_timeout_s):
+                    pipe = self.redis.pipeline(transaction=False)
+                    pipe.zrem(self.keys.procs, self.process_id)
+                    pipe.delete(self.keys.inflight(self.process_id))
+                    await pipe.execute()
+        self.up = False
+        with contextlib.suppress(*FAILURES):
+            async with asyncio.timeout(self.cfg.batch_timeout_s):
+                await self.redis.aclose()
+                await self.redis.connection_pool.disconnect()
+
+    def abandon(self) -> None:
+        """Stop every loop at once without a word to Redis: a process that died (tests)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.up = False
+
+    # --- up and down ---------------------------------------------------------------------
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """An operation failed: count it, and go down (one log line) if we were up."""
+        self.stats.failed_ops += 1
+        self._mark_down(what, exc)
+        _reraise_cancel()
+
+    def _mark_down(self, what: str, exc: BaseException | None) -> None:
+        # Subscribe again once back: the subscription may have died with the connection.
+        self._subscribed.clear()
+        if self._down.is_set():
+            return
+        was_up = self.up
+        self.up = False
+        self._up.clear()
+        self._down.set()
+        self.stats.downs += 1
+        self.pool.set_remote_in_flight({})
+        detail = f"{type(exc).__name__}: {exc}" if exc is not None else "no connection"
+        if was_up or what == "start":
+            log.warning(
+                "shared state down (%s, %s): routing from this process's state alone",
+                what,
+                detail,
+            )
+
+    async def _connect(self) -> None:
+        cfg = self.cfg
+        try:
+            async with asyncio.timeout(cfg.connect_timeout_s + cfg.batch_timeout_s):
+                if self._down.is_set():
+                    # Pooled connections may be to a server that is gone: start afresh.
+                    await self.redis.connection_pool.disconnect()
+                await self.redis.ping()
+                pipe = self.redis.pipeline(transaction=False)
+                for text in ALL.values():
+                    pipe.script_load(text)
+                await pipe.execute()
+        except FAILURES:
+            self.stats.failed_ops += 1
+            _reraise_cancel()
+            return
+        recovered = self._down.is_set()
+        self.up = True
+        self._down.clear()
+        self._up.set()
+        try:
+            # Subscribed before reading Redis's state: no outcome falls between the two.
+            async with asyncio.timeout(4 * cfg.batch_timeout_s):
+                await self._subscribed.wait()
+        except TimeoutError as exc:
+            self.failed("subscribe", exc)
+            return
+        if recovered:
+            log.warning("shared state up again: sharing routing state through Redis")
+        else:
+            log.info("shared state: process %s shares routing state", self.process_id)
+        # The outage may have hidden the others' decisions: read what Redis holds.
+        await self._bootstrap()
+
+    async def _connector(self) -> None:
+        delay = self.cfg.reconnect_min_s
+        while True:
+            await self._down.wait()
+            await asyncio.sleep(delay)
+            await self._connect()
+            delay = (
+                self.cfg.reconnect_min_s if self.up else min(2 * delay, self.cfg.reconnect_max_s)
+            )
+
+    async def _bootstrap(self) -> None:
+        try:
+            async with asyncio.timeout(10 * self.cfg.batch_timeout_s):
+                await bootstrap.load(self.redis, self.keys, self.mirror, list(self.pool.replicas))
+        except FAILURES as exc:
+            self.failed("bootstrap", exc)
+
+    # --- the loops -----------------------------------------------------------------------
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            # A batch window: the outcomes of a burst go out in one round trip.
+            await asyncio.sleep(self.cfg.flush_interval_s)
+            self._has_pending.clear()
+            if not self.up:
+                await self._up.wait()
+            try:
+                async with asyncio.timeout(self.cfg.batch_timeout_s):
+                    await self._flush()
+            except FAILURES as exc:
+                self.failed("flush", exc)
+
+    def _drain(self) -> list[Outcome]:
+        pending, cap = self._pending, self.cfg.max_event_blocks
+        out: list[Outcome] = []
+        while pending:
+            at, f, replica = pending.popleft()
+            out.append(
+                outcome_of(int(at * 1e6), replica, f.prompt_hash, f.session, f.block_hashes, cap)
+            )
+        return out
+
+    async def _flush(self) -> None:
+        outcomes = self._drain()
+        settles = list(self._settles)
+        self._settles.clear()
+        if not outcomes and not settles:
+            return
+        keys = self.keys
+        pipe = self.redis.pipeline(transaction=False)
+        messages = _split(outcomes)
+        for part in messages:
+            pipe.publish(keys.channel, encode(self.process_id, part))
+        merges = queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
+        for tenant, tpm, reserved, used in settles:
+            pipe.evalsha(
+                SHAS["settle"],
+                2,
+                *keys.quota(tenant),
+                self.process_id,
+                tpm,
+                reserved,
+                "" if used is None else used,
+            )
+        results = await pipe.execute()
+        first = len(messages)
+        for applied_rejected in results[first : first + merges]:
+            self.stats.rejected_stale += int(applied_rejected[1])
+        self.stats.published += len(outcomes)
+
+    async def _poller(self) -> None:
+        while True:
+            await self._up.wait()
+            try:
+                async with asyncio.timeout(self.cfg.batch_timeout_s):
+                    await self._beat()
+            except FAILURES as exc:
+                self.failed("in-flight", exc)
+            await asyncio.sleep(self.cfg.inflight_poll_s)
+
+    async def _beat(self) -> None:
+        """Rewrite this process's lease and read the others' in one round trip."""
+        keys, pid = self.keys, self.process_id
+        lease_ms = int(self.cfg.lease_ttl_s * 1000)
+        counts = [(r.name, r.in_flight) for r in self.pool if r.in_flight > 0]
+        held = dict(self.quota_held())
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.evalsha(
+            SHAS["heartbeat"],
+            2 + len(held),
+            keys.procs,
+            keys.inflight(pid),
+            *(keys.quota(t)[1] for t in held),
+            pid,
+            lease_ms,
+            len(counts),
+            *(x for pair in counts for x in pair),
+            *held.values(),
+        )
+        pipe.evalsha(SHAS["others"], 1, keys.procs, keys.inflight_base, pid, lease_ms)
+        _, others = await pipe.execute()
+        self.stats.peers = int(others[0])
+        it = iter(others[1:])
+        self.pool.set_remote_in_flight(
+            {name.decode(): int(n) for name, n in zip(it, it, strict=True)}
+        )
+
+    async def _subscriber(self) -> None:
+        while True:
+            await self._up.wait()
+            pubsub = self.redis.pubsub()
+            wait = self.cfg.batch_timeout_s
+            try:
+                async with asyncio.timeout(wait):
+                    await pubsub.subscribe(self.keys.channel)
+                    while (await pubsub.get_message(timeout=wait) or {}).get("type") != "subscribe":
+                        pass
+                self._subscribed.set()
+                while self._subscribed.is_set():
+                    msg = await pubsub.get_message(timeout=wait)
+                    if msg is not None and msg["type"] == "message":
+                        self._on_message(msg["data"])
+            except FAILURES as exc:
+                self.failed("subscribe", exc)
+            finally:
+                with contextlib.suppress(*FAILURES):
+                    async with asyncio.timeout(self.cfg.batch_timeout_s):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            origin, raws = decode(data)
+        except ValueError:
+            self.mirror.stats.malformed += 1
+            return
+        if origin != self.process_id:
+            self.mirror.apply_raw(raws)
+
+    def stats_row(self) -> dict[str, float]:
+        """Gauges and counters for the metrics."""
+        s, m = self.stats, self.mirror.stats
+        return {
+            "up": 1.0 if self.up else 0.0,
+            "failed_ops": s.failed_ops,
+            "published": s.published,
+            "applied": m.applied,
+            "stale_local": m.stale,
+            "rejected_stale": s.rejected_stale,
+            "peers": s.peers,
+        }
