@@ -67,9 +67,10 @@ from typing import Any
 import orjson
 import uvloop
 
-from benchmarks import loadgen_grpc
+from benchmarks import loadgen_grpc, overhead_wrk
 from benchmarks.loadgen_grpc import GrpcLoadgen, grpc_loadgen
 from benchmarks.loadgen_http import LoadgenError, RoundResult, chat_request, run_round
+from benchmarks.nginx_upstream import nginx_binary
 from benchmarks.overhead_procs import (
     Fleet,
     PeerRun,
@@ -92,6 +93,7 @@ from benchmarks.overhead_report import (
 )
 from benchmarks.routing_bench.peers import CATALOGUE
 from benchmarks.static_upstream import MODEL
+from benchmarks.wrk_load import wrk_binary
 
 _HOST = "127.0.0.1"
 # Interleaved in this order in every round, the peers after them.
@@ -130,9 +132,32 @@ def _concurrency(text: str) -> tuple[int, ...]:
     return values
 
 
+def _default_harness() -> str:
+    return "wrk" if wrk_binary() and nginx_binary() else "python"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `bench overhead` options."""
     parser.add_argument("--out", default="bench-out/overhead", help="output directory")
+    parser.add_argument(
+        "--harness",
+        choices=("wrk", "python"),
+        help="wrk -> target -> nginx (default when both are installed; HTTP only), or this "
+        "process's generator against the Python static upstream (HTTP and gRPC)",
+    )
+    parser.add_argument(
+        "--gateway",
+        action="append",
+        metavar="NAME=DIR",
+        help="wrk harness: a gateway build to measure, run from source tree DIR (repeatable; "
+        "default: this checkout as `gateway`); the first is the one held to the targets",
+    )
+    parser.add_argument(
+        "--stream",
+        choices=("both", "no", "yes"),
+        default="both",
+        help="wrk harness: non-streamed and/or streamed cells (default both)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="1 round of 1.5 s per cell (defaults: 3 x 3 s)"
     )
@@ -361,6 +386,12 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `llm-gateway bench overhead`."""
+    if (args.harness or _default_harness()) == "wrk":
+        try:
+            return overhead_wrk.run(args)
+        except ValueError as exc:
+            print(f"bench overhead: {exc}", file=sys.stderr)
+            return 2
     try:
         p = params_from_args(args)
     except ValueError as exc:

@@ -67,7 +67,8 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _free_ports(host: str, n: int) -> list[int]:
+def free_ports(host: str, n: int) -> list[int]:
+    """n distinct free TCP ports on `host`."""
     # All bound at once, so that the n ports differ.
     with contextlib.ExitStack() as stack:
         socks = [
@@ -76,6 +77,10 @@ def _free_ports(host: str, n: int) -> list[int]:
         for s in socks:
             s.bind((host, 0))
         return [int(s.getsockname()[1]) for s in socks]
+
+
+# benchmarks/faults/procs.py imports the old name.
+_free_ports = free_ports
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
@@ -118,6 +123,13 @@ async def _wait_ready(child: _Child, host: str, port: int, path: str) -> None:
     raise BenchProcessError(f"{child.name} not ready on {path} ({last}): {_tail(child.log)}")
 
 
+async def wait_ready(
+    name: str, proc: asyncio.subprocess.Process, log: Path, host: str, port: int, path: str
+) -> None:
+    """Poll GET `path` until it answers 200 (BenchProcessError if `proc` exits or never does)."""
+    await _wait_ready(_Child(name, proc, log), host, port, path)
+
+
 @dataclass(frozen=True, slots=True)
 class Fleet:
     """The running upstream and gateway: where to reach them and their process ids."""
@@ -154,6 +166,15 @@ async def _spawn(args: list[str], log: IO[bytes], stdout: int) -> asyncio.subpro
     )
 
 
+async def _spawn_in(src: Path, args: list[str], log: IO[bytes]) -> asyncio.subprocess.Process:
+    """`python -m args` run from the source tree `src` (another build of the gateway)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(src)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", *args, stdout=asyncio.subprocess.DEVNULL, stderr=log, env=env, cwd=src
+    )
+
+
 @contextlib.asynccontextmanager
 async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fleet]:
     """Start the static upstream, then a gateway (HTTP + gRPC) in front of it; stop both on exit."""
@@ -177,7 +198,7 @@ async def fleet(host: str, chunks: int, gap_ms: float = 0.0) -> AsyncIterator[Fl
                 raise BenchProcessError(f"static upstream did not start: {_tail(up_log)}") from None
             await _wait_ready(upstream, host, up_port, "/health")
 
-            gw_port, grpc_port = _free_ports(host, 2)
+            gw_port, grpc_port = free_ports(host, 2)
             cfg = work / "gateway.toml"
             cfg.write_text(_gateway_toml(host, gw_port, grpc_port, f"http://{host}:{up_port}"))
             gw_log = work / "gateway.log"

@@ -24,7 +24,8 @@ _ID = "chatcmpl-0123456789abcdef0123456789abcdef"
 _MAX_HEAD = 16 * 1024
 
 
-def _chat_completion() -> bytes:
+def chat_completion() -> bytes:
+    """The fixed ~400-byte chat completion body."""
     return orjson.dumps(
         {
             "id": _ID,
@@ -246,7 +247,7 @@ class StaticUpstream(asyncio.Protocol):
 
 def completion_response() -> bytes:
     """The whole HTTP response to a non-streamed chat completion."""
-    return _response("200 OK", _JSON, _chat_completion())
+    return _response("200 OK", _JSON, chat_completion())
 
 
 async def start(host: str, port: int, chunks: int, gap_ms: float = 0.0) -> asyncio.Server:

@@ -6,6 +6,7 @@ from cache_index.hashing import HashingError, block_hashes, char_block_hashes, p
 from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import Mode, PrefixIndex, ReplicaBlocks, ReplicaStats, TokensToHashes
 from cache_index.prompt_cache import PromptCache
+from cache_index.response_index import ResponseIndex
 from cache_index.session_affinity import SessionAffinity, session_hash, session_key
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "QueueFull",
     "ReplicaBlocks",
     "ReplicaStats",
+    "ResponseIndex",
     "SessionAffinity",
     "Ticket",
     "TokensToHashes",

@@ -25,7 +25,7 @@ KEY_ENV = "LLM_GATEWAY_ADMIN_KEY"
 
 
 class AgentError(Exception):
-    """The agent cannot start: no GPU reader, or bad settings."""
+    """No GPU reader here, or bad settings."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,8 @@ class AgentSettings:
     interval_s: float = 1.0
     timeout_s: float = 2.0
     admin_key: str = ""
+    # The replica itself, probed (GET /health) for the liveness every heartbeat carries.
+    vllm_url: str = "http://127.0.0.1:8000"
 
     def __post_init__(self) -> None:
         if not self.gateways:
@@ -92,10 +94,14 @@ class AgentSettings:
 
 
 class Agent:
-    """Reads a sample, posts it to every gateway at once; a failing gateway never stops it."""
+    """Reads a sample, posts it to every gateway at once; a failing gateway never stops it.
+
+    `reader` None: no GPU can be read here (said once at start); heartbeats carry the
+    replica's liveness alone.
+    """
 
     def __init__(
-        self, settings: AgentSettings, reader: GpuReader, session: aiohttp.ClientSession
+        self, settings: AgentSettings, reader: GpuReader | None, session: aiohttp.ClientSession
     ) -> None:
         self.settings = settings
         self._reader = reader
@@ -109,13 +115,22 @@ class Agent:
         self.last_status: dict[str, int] = {}
         self.sent = 0
 
-    def payload(self, sample: GpuSample) -> dict[str, Any]:
-        return {
-            "replica": self.settings.replica,
-            "gpu_memory_used_bytes": sample.used_bytes,
-            "gpu_memory_total_bytes": sample.total_bytes,
-            "gpu_utilization": min(1.0, max(0.0, sample.utilization)),
-        }
+    def payload(self, sample: GpuSample | None, vllm_healthy: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"replica": self.settings.replica, "vllm_healthy": vllm_healthy}
+        if sample is not None:
+            body["gpu_memory_used_bytes"] = sample.used_bytes
+            body["gpu_memory_total_bytes"] = sample.total_bytes
+            body["gpu_utilization"] = min(1.0, max(0.0, sample.utilization))
+        return body
+
+    async def vllm_healthy(self) -> bool:
+        """Whether the replica answers its /health with 200 within the timeout."""
+        url = self.settings.vllm_url.rstrip("/") + "/health"
+        try:
+            async with self._session.get(url, timeout=self._timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, ConnectionError, TimeoutError):
+            return False
 
     async def _post(self, gateway: str, body: dict[str, Any]) -> None:
         url = gateway.rstrip("/") + "/admin/heartbeat"
@@ -140,8 +155,11 @@ class Agent:
 
     async def beat(self) -> None:
         """One sample to every gateway."""
-        sample = await asyncio.to_thread(self._reader.read, self.settings.gpu_indices)
-        body = self.payload(sample)
+        reader = self._reader
+        sample = None
+        if reader is not None:
+            sample = await asyncio.to_thread(reader.read, self.settings.gpu_indices)
+        body = self.payload(sample, await self.vllm_healthy())
         await asyncio.gather(*(self._post(g, body) for g in self.settings.gateways))
 
     async def run(self) -> None:
@@ -161,6 +179,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", default="0", help="comma-separated device indices (default 0)")
     p.add_argument("--interval-s", type=float, default=1.0, help="seconds between heartbeats")
     p.add_argument("--timeout-s", type=float, default=2.0, help="timeout of each post")
+    p.add_argument(
+        "--vllm-url",
+        default="http://127.0.0.1:8000",
+        help="this replica's own URL, probed for the liveness each heartbeat carries",
+    )
 
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = None) -> AgentSettings:
@@ -176,11 +199,17 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
         interval_s=args.interval_s,
         timeout_s=args.timeout_s,
         admin_key=env.get(KEY_ENV, ""),
+        vllm_url=args.vllm_url,
     )
 
 
 async def _main(settings: AgentSettings) -> None:
-    reader = NvmlReader()
+    reader: GpuReader | None
+    try:
+        reader = NvmlReader()
+    except AgentError as exc:
+        log.warning("%s: heartbeats carry the replica's liveness only", exc)
+        reader = None
     connector = aiohttp.TCPConnector(limit=max(4, len(settings.gateways)))
     async with aiohttp.ClientSession(connector=connector) as session:
         log.info(
@@ -194,7 +223,7 @@ async def _main(settings: AgentSettings) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The `agent` command: 2 when it cannot start (no NVML, bad settings)."""
+    """The `agent` command: 2 when its settings are wrong."""
     try:
         settings = settings_from(args)
         asyncio.run(_main(settings))

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import importlib
 import importlib.util
-import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -20,13 +19,11 @@ from gateway.config import (
 )
 from gateway.config_loader import ConfigError
 from gateway.grpc.config import GrpcConfig
+from gateway.logs import setup_logging
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(level)
 
 
 def _install_uvloop() -> None:
@@ -56,6 +53,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from gateway.supervisor import worker_count
 
     cfg = load_config(args.config)
+    setup_logging(args.log_level, cfg.telemetry.log_format)
     build_router(cfg)  # plugin errors surface before any socket opens
     workers = worker_count(cfg.server.workers if args.workers is None else args.workers)
     _install_uvloop()

@@ -280,9 +280,11 @@ class CacheIndexConfig:
     # Memory bound of the whole prefix index; `llm-gateway bench routing-cost` measures the
     # bytes per block (benchmarks/routing_cost.py).
     max_total_blocks: int = 2_000_000
+    # Stored Responses remembered (response id -> the replica that keeps it), LRU beyond.
+    max_responses: int = 100_000
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "block_chars", "max_prompts", "max_sessions"):
+        for name in ("block_size", "block_chars", "max_prompts", "max_sessions", "max_responses"):
             _positive(name, getattr(self, name))
         for name in ("prompt_cache_ttl_s", "session_ttl_s"):
             _positive(name, getattr(self, name))

@@ -7,12 +7,13 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Marks the root handler setup_logging installed (the one it may replace).
+_OURS = "llm_gateway_handler"
 # The logger of the per-request records ([telemetry] request_log).
 REQUEST_LOGGER = "llm_gateway.request"
 # LogRecord attributes that are not a caller's `extra` fields.
@@ -22,7 +23,14 @@ _BARE = re.compile(r"[^\s\"=\\]+")
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, the `extra` fields, traceback."""
+    """One JSON object per line: time, level, logger, message, the `extra` fields, traceback.
+
+    `fields`: keys every line carries (e.g. the worker's index under --workers).
+    """
+
+    def __init__(self, fields: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._fields = dict(fields or {})
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -32,6 +40,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             # A structured record's message is its fields again: JSON says its kind instead.
             "msg": getattr(record.msg, "summary", None) or record.getMessage(),
+            **self._fields,
         }
         for key, value in record.__dict__.items():
             if key not in _RESERVED and key not in out:
@@ -42,13 +51,25 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-def setup_logging(level: str, fmt: LogFormat = "text") -> None:
-    """The root logger at `level`, writing to stderr in `fmt` (replaces earlier handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+def setup_logging(
+    level: str,
+    fmt: str = "text",
+    text_format: str = TEXT_FORMAT,
+    fields: dict[str, Any] | None = None,
+) -> None:
+    """The root logger at `level`, writing to stderr in `fmt`; `fields`: keys of every "json"
+    line. Like logging.basicConfig, it leaves a root logger someone else set up (a program
+    embedding the gateway, a test runner) alone; a handler of its own it replaces."""
     root = logging.getLogger()
-    for old in list(root.handlers):
+    ours = [h for h in root.handlers if getattr(h, _OURS, False)]
+    if root.handlers and not ours:
+        return
+    for old in ours:
         root.removeHandler(old)
+    handler = logging.StreamHandler(sys.stderr)
+    setattr(handler, _OURS, True)
+    formatter = JsonFormatter(fields) if fmt == "json" else logging.Formatter(text_format)
+    handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper()))
 
@@ -64,11 +85,14 @@ class RequestRecord:
     branch: str
     status: int
     stream: bool
+    # Arrival to the first upstream byte of a stream (None: not streamed, or refused).
     ttft_s: float | None
+    # The prompt's length in tokens as parsed (an estimate from its characters when the
+    # request did not send token ids).
     prompt_tokens: int | None
-    completion_tokens: int | None
+    # Prompt + completion tokens from the answer's `usage`, when it carried one.
+    usage_tokens: int | None
     duration_s: float
-    attempts: int
 
 
 def _logfmt(value: object) -> str:

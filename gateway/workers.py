@@ -30,6 +30,7 @@ from gateway.admin.siblings import Siblings, socket_path
 from gateway.admin.views import merge_views
 from gateway.config import GatewayConfig
 from gateway.http.server import HttpServer, bind
+from gateway.logs import setup_logging
 from gateway.process import started
 from gateway.runtime import Runtime
 from telemetry.metrics import CONTENT_TYPE, merge_snapshots
@@ -248,11 +249,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.grpc_port,
         args.config_path,
     )
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format=f"%(asctime)s %(levelname)s worker {slot.index} %(name)s: %(message)s",
-    )
     cfg = read_config(slot.channel_dir)
+    setup_logging(
+        args.log_level,
+        cfg.telemetry.log_format,
+        f"%(asctime)s %(levelname)s worker {slot.index} %(name)s: %(message)s",
+        {"worker": slot.index},
+    )
     # stdout is the readiness pipe to the supervisor and nothing else: stray output goes to
     # stderr, where it cannot be mistaken for (or block) the one line the supervisor reads.
     ready_pipe = os.fdopen(os.dup(1), "wb", buffering=0)

@@ -24,7 +24,6 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contr
 _ROLES = ("user", "assistant", "system")
 _ROLES_MSG = "Input should be 'user', 'assistant' or 'system'"
 # Claude Code's attribution header: vLLM drops it from system text (it defeats caching).
-_BILLING = "x-anthropic-billing-header"
 
 
 class _HandlerError(Exception):
@@ -49,41 +48,6 @@ class _Request:
     max_tokens: int | None
     stream: bool
     stops: tuple[str, ...]
-
-
-def _texts(blocks: list[Any]) -> list[str]:
-    return [str(b["text"]) for b in blocks
-            if isinstance(b, dict) and b.get("type") == "text" and b.get("text")]  # fmt: skip
-
-
-def _convert(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """vLLM's to_chat_completion_request: system (string or text blocks, joined) first, then
-    each message; several text blocks become a list the chat renderer joins with newlines."""
-    out: list[dict[str, Any]] = []
-    system = body.get("system")
-    if isinstance(system, str) and system:
-        out.append({"role": "system", "content": system})
-    elif isinstance(system, list):
-        parts = [t for t in _texts(system) if not t.startswith(_BILLING)]
-        if parts:
-            out.append({"role": "system", "content": "".join(parts)})
-    for m in body["messages"]:
-        content = m["content"]
-        if isinstance(content, list):
-            texts = _texts(content)
-            if m["role"] == "system":
-                texts = [t for t in texts if not t.startswith(_BILLING)]
-                content = "".join(texts)
-            elif not texts:
-                if m["role"] == "user":
-                    continue  # vLLM drops a user message left without content
-                content = ""
-            else:
-                content = "\n".join(texts)
-        if m["role"] == "system" and not content:
-            continue
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 def _parse(body: dict[str, Any], *, generate: bool) -> _Request:
@@ -125,7 +89,7 @@ def _parse(body: dict[str, Any], *, generate: bool) -> _Request:
         raise P.validation_errors([P.field_error("list_type", "stop_sequences",
                                   "Input should be a valid list", stops)])  # fmt: skip
     stream = P.lax_bool(body, "stream", False) if generate else False
-    return _Request(str(model), _convert(body), k if generate else None, stream,
+    return _Request(str(model), A.chat_messages(body), k if generate else None, stream,
                     tuple(s for s in stops if s))  # fmt: skip
 
 

@@ -66,3 +66,47 @@ def stop_reason(
     if finish_reason == "tool_calls":
         return "tool_use", None
     return "end_turn", None
+
+
+# Claude Code's attribution header: vLLM drops it from system text (it defeats caching).
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def _texts(blocks: list[Any]) -> list[str]:
+    return [
+        str(b["text"])
+        for b in blocks
+        if isinstance(b, dict) and b.get("type") == "text" and b.get("text")
+    ]
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM's to_chat_completion_request: the OpenAI chat a Messages body is rendered as.
+
+    System (a string, or text blocks joined) first, then each message; several text blocks
+    of a message are joined with newlines; a user message left without text is dropped.
+    """
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        out.append({"role": "system", "content": system})
+    elif isinstance(system, list):
+        parts = [t for t in _texts(system) if not t.startswith(BILLING_HEADER)]
+        if parts:
+            out.append({"role": "system", "content": "".join(parts)})
+    for m in body["messages"]:
+        content = m["content"]
+        if isinstance(content, list):
+            texts = _texts(content)
+            if m["role"] == "system":
+                content = "".join(t for t in texts if not t.startswith(BILLING_HEADER))
+            elif not texts:
+                if m["role"] == "user":
+                    continue  # vLLM drops a user message left without content
+                content = ""
+            else:
+                content = "\n".join(texts)
+        if m["role"] == "system" and not content:
+            continue
+        out.append({"role": m["role"], "content": content})
+    return out

@@ -74,8 +74,14 @@ def gateway_toml(
         f"profile = {_q(mode.profile)}",
         "",
     ]
+    extra = mode.extra_toml
     if redis_url:
-        lines += ["[shared_state]", f"url = {_q(redis_url)}", ""]
+        # A variant's own [shared_state] table gets the url; else the table is ours.
+        header = "[shared_state]\n"
+        if header in extra:
+            extra = extra.replace(header, f"{header}url = {_q(redis_url)}\n", 1)
+        else:
+            lines += ["[shared_state]", f"url = {_q(redis_url)}", ""]
     if mode.precise:
         lines += [
             "[cache_index]",
@@ -89,7 +95,7 @@ def gateway_toml(
         if mode.precise:
             lines.append(f"kv_events = {_q(ep or 'auto')}")
         lines.append("")
-    return "\n".join(lines) + ("\n" + mode.extra_toml if mode.extra_toml else "")
+    return "\n".join(lines) + ("\n" + extra if extra else "")
 
 
 def _tail(log: Path) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-_MODES = ("static", "dns")
+_MODES = ("static", "dns", "kubernetes")
 _FAMILIES = ("any", "ipv4", "ipv6")
 
 
@@ -28,7 +28,8 @@ def nameserver_address(value: str) -> tuple[str, int]:
 class DiscoveryConfig:
     """Static replicas only, or also every address a DNS name resolves to (a headless Service)."""
 
-    # "static": the [[replicas]] tables; "dns": those plus one replica per address of hostname.
+    # "static": the [[replicas]] tables; "dns": those plus one replica per address of hostname;
+    # "kubernetes": those plus one per ready endpoint of `service`'s EndpointSlices.
     mode: str = "static"
     hostname: str = ""
     port: int = 8000
@@ -39,6 +40,14 @@ class DiscoveryConfig:
     resolve_timeout_s: float = 2.0
     # "" = the system resolver (getaddrinfo); "host[:port]" = ask that DNS server over UDP.
     nameserver: str = ""
+    # mode "kubernetes": the Service whose EndpointSlices are listed; "" namespace = the
+    # service account's (the `namespace` file beside token_file); "" api_url = in-cluster
+    # https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT. Each list: resolve_timeout_s.
+    service: str = ""
+    namespace: str = ""
+    api_url: str = ""
+    token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
     # Settings of every discovered replica, as in a [[replicas]] table.
     models: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
@@ -56,6 +65,10 @@ class DiscoveryConfig:
             raise ValueError(f"scheme must be 'http' or 'https', got {self.scheme!r}")
         if self.mode == "dns" and not self.hostname:
             raise ValueError("hostname is required when mode is 'dns'")
+        if self.mode == "kubernetes" and not self.service:
+            raise ValueError("service is required when mode is 'kubernetes'")
+        if self.api_url and not self.api_url.startswith(("http://", "https://")):
+            raise ValueError(f"api_url must start with http:// or https://, got {self.api_url!r}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port must be 1..65535, got {self.port}")
         if self.nameserver:

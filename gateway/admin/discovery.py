@@ -47,6 +47,9 @@ def nameserver_resolve(cfg: DiscoveryConfig) -> Resolver:
 class DnsDiscovery:
     """One replica per address of `[discovery] hostname`, kept in step every interval_s."""
 
+    # The fleet origin of the replicas this source added: only those are its to remove.
+    origin = "dns"
+
     def __init__(self, cfg: DiscoveryConfig, fleet: Fleet, resolve: Resolver | None = None) -> None:
         self._cfg = cfg
         self._fleet = fleet
@@ -90,7 +93,7 @@ class DnsDiscovery:
             return [], []
         fleet = self._fleet
         wanted = {c.name: c for c in map(self.replica_config, addresses)}
-        mine = {n for n, origin in fleet.origins.items() if origin == "dns"}
+        mine = {n for n, origin in fleet.origins.items() if origin == self.origin}
         added: list[str] = []
         for name, rcfg in wanted.items():
             if name in mine:
@@ -99,7 +102,7 @@ class DnsDiscovery:
                     fleet.undrain(name, "discovery: its address is back")
                 continue
             try:
-                await fleet.add(rcfg, "dns")
+                await fleet.add(rcfg, self.origin)
             except FleetError as exc:  # served already (a [[replicas]] table, the API)
                 log.debug("discovery: %s not added: %s", name, exc.message)
                 continue
@@ -126,3 +129,14 @@ class DnsDiscovery:
                 # A bug here must not end the runtime's task group (and the gateway with it).
                 log.exception("discovery: round failed")
             await asyncio.sleep(self._cfg.interval_s)
+
+
+def discovery_for(cfg: DiscoveryConfig, fleet: Fleet) -> DnsDiscovery | None:
+    """The discovery loop `[discovery] mode` asks for; None when static."""
+    if cfg.mode == "dns":
+        return DnsDiscovery(cfg, fleet)
+    if cfg.mode == "kubernetes":
+        from gateway.admin.kubernetes import KubernetesDiscovery
+
+        return KubernetesDiscovery(cfg, fleet)
+    return None

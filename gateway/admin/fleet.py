@@ -73,7 +73,8 @@ class Fleet:
         self._lock = asyncio.Lock()
         # One reload at a time (gateway/admin/reload.py); fleet changes take `_lock` each.
         self.reload_lock = asyncio.Lock()
-        # "config" ([[replicas]]: a reload owns them), "admin" (the API) or "dns" (discovery).
+        # "config" ([[replicas]]: a reload owns them), "admin" (the API) or, from discovery,
+        # "dns" or "kubernetes".
         self.origins: dict[str, str] = {r.name: "config" for r in runtime.pool}
         # Under --workers: hands an admin change applied here to every sibling, and says how
         # each took it ({"0": "ok", "1": "error: ..."}). None in a single process.
@@ -82,11 +83,10 @@ class Fleet:
     def start_discovery(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """The discovery loop of [discovery], in the runtime's task group (none when static)."""
         cfg = self._runtime.config.discovery
-        if cfg.mode != "dns":
-            return []
-        from gateway.admin.discovery import DnsDiscovery
+        from gateway.admin.discovery import discovery_for
 
-        return [tg.create_task(DnsDiscovery(cfg, self).run())]
+        discovery = discovery_for(cfg, self)
+        return [] if discovery is None else [tg.create_task(discovery.run())]
 
     def get(self, name: str) -> ReplicaState:
         replica = self._runtime.pool.replicas.get(name)
@@ -104,8 +104,13 @@ class Fleet:
                 if r.config.url == cfg.url:
                     raise FleetError(f"url {cfg.url} is already served by replica {r.name!r}", 409)
             slow = runtime.config.discovery.slow_start
-            replica = await runtime.add_replica(cfg, slow)
+            # Known before it is probed: it may be routable (and listed) before the await ends.
             self.origins[cfg.name] = origin
+            try:
+                replica = await runtime.add_replica(cfg, slow)
+            except BaseException:
+                self.origins.pop(cfg.name, None)
+                raise
         log.info(
             "replica %s added (%s): %s, %s%s",
             cfg.name,

@@ -52,6 +52,10 @@ def replica_view(
             "util": replica.gpu_util,
             "age_s": _round(now - replica.gpu_seen_at, 3) if replica.gpu_seen_at else None,
         },
+        "agent": {
+            "vllm_healthy": replica.agent_vllm_healthy,
+            "age_s": _round(now - replica.agent_seen_at, 3) if replica.agent_seen_at else None,
+        },
         "latency": {
             "ttft_p50_s": replica.ttft_p50_s,
             "ttft_p99_s": replica.ttft_p99_s,

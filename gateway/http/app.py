@@ -27,15 +27,22 @@ from gateway.errors import (
 )
 from gateway.http.transport import DISCONNECT_EXTENSION
 from gateway.http.upstream_errors import relay_error
-from gateway.proxy import hints
+from gateway.proxy import hints, messages_route, responses_route
 from gateway.proxy.headers import ForwardPolicy, FrontHeaders, client_response_headers
 from gateway.proxy.identity import ApiKeys, is_loopback, new_request_id, request_id
-from gateway.proxy.requests import Kind, ParsedRequest, parse_request
+from gateway.proxy.requests import (
+    ANTHROPIC_KINDS,
+    Kind,
+    ParsedRequest,
+    parse_request,
+    stored_request,
+)
 from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.replicas.gpu import apply_heartbeat
 from gateway.runtime import Runtime
 from routing.types import Branch
 from telemetry.metrics import CONTENT_TYPE
+from vllm_api.anthropic import stream_error_event
 from vllm_api.errors import error_body
 from vllm_api.sse import error_event
 
@@ -43,9 +50,22 @@ log = logging.getLogger("llm_gateway.http")
 
 
 _JSON = (b"content-type", b"application/json")
-_HOT_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_HOT_PATHS: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
 # A worker heartbeat is a few small numbers: anything larger is refused while it arrives.
 _HEARTBEAT_LIMIT = 65536
+# The Upstream seam only POSTs (gateway/proxy/upstream.py): retrieval is not relayed yet.
+_NO_GET = (
+    "Retrieving a stored response (GET /v1/responses/{id}) is not supported by the gateway "
+    "yet; follow-ups with previous_response_id and cancel are."
+)
 # The model label of a request refused before its model was read (or of an unknown model).
 _UNKNOWN_MODEL = "_unknown"
 
@@ -69,8 +89,11 @@ class _Cycle:
         self.responded = False
 
 
-async def _send_error(send: Send, err: GatewayError, request_id: str) -> None:
-    body = err.body()
+async def _send_error(
+    send: Send, err: GatewayError, request_id: str, kind: Kind | None = None
+) -> None:
+    # The Anthropic SDK reads only its own error shape on its routes.
+    body = messages_route.error_body(err) if kind in ANTHROPIC_KINDS else err.body()
     headers = [
         _JSON,
         (b"content-length", str(len(body)).encode()),
@@ -131,13 +154,22 @@ class GatewayApp:
             if kind is not None and scope["method"] == "POST":
                 await self._proxy(kind, scope, receive, send)
                 return
+            stored = responses_route.stored_route(scope["method"], scope["path"])
+            if stored is not None:
+                await self._proxy(stored[0], scope, receive, send, stored[1])
+                return
         await self._starlette(scope, receive, send)
 
     # --- the hot path -------------------------------------------------------------------
 
     def _authorize(self, headers: list[tuple[bytes, bytes]]) -> str:
         """The tenant of the request's key ("default" when no keys are set); 401 without one."""
-        return self._tenancy.identify(v for k, v in headers if k == b"authorization")
+        # The Anthropic SDK sends its key as x-api-key: the same key, another header.
+        return self._tenancy.identify(
+            v if k == b"authorization" else b"Bearer " + v
+            for k, v in headers
+            if k == b"authorization" or k == b"x-api-key"
+        )
 
     async def _read_body(
         self,
@@ -184,7 +216,14 @@ class GatewayApp:
             raise GatewayError("Request body not received in time.", status=408) from None
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _proxy(self, kind: Kind, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _proxy(
+        self,
+        kind: Kind,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        response_id: str | None = None,
+    ) -> None:
         started = time.perf_counter()
         headers: list[tuple[bytes, bytes]] = scope["headers"]
         request_id = _request_id(headers, self._rid_header)
@@ -197,7 +236,12 @@ class GatewayApp:
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             found = hints.from_headers(headers)
-            parsed = hints.apply(parse_request(kind, body, request_id), found)
+            if response_id is not None:
+                if kind == "response_get":
+                    raise GatewayError(_NO_GET, status=501)
+                parsed = hints.apply(stored_request(kind, response_id, request_id), found)
+            else:
+                parsed = hints.apply(parse_request(kind, body, request_id), found)
             # The key's tenant, or a trusted source's x-tenant-id; the class within its bounds.
             client = scope.get("client")
             parsed = self._tenancy.bind(parsed, tenant, found, client[0] if client else None)
@@ -205,7 +249,7 @@ class GatewayApp:
             return
         except GatewayError as err:
             self._refused(err, _UNKNOWN_MODEL, started)
-            await _send_error(send, err, request_id)
+            await _send_error(send, err, request_id, kind)
             return
         except Exception:
             # Last resort: a bug still gets vLLM's JSON body, never uvicorn's plain-text 500.
@@ -213,7 +257,7 @@ class GatewayApp:
             log.exception("request %s: unexpected error before routing", request_id)
             internal = InternalError()
             self._refused(internal, _UNKNOWN_MODEL, started)
-            await _send_error(send, internal, request_id)
+            await _send_error(send, internal, request_id, kind)
             return
 
         # From here the client may vanish at any await: a watcher cancels this task if it does,
@@ -298,7 +342,7 @@ class GatewayApp:
             exchange = await pipeline.open(req, headers, started)
         except GatewayError as err:  # counted by the pipeline
             cycle.responded = True
-            await _send_error(send, err, req.request_id)
+            await _send_error(send, err, req.request_id, req.kind)
             return
         except Exception:
             log.exception("request %s: unexpected error while routing", req.request_id)
@@ -306,7 +350,7 @@ class GatewayApp:
             known = req.model in self.runtime.pool.known_models()
             self._refused(internal, req.model if known else _UNKNOWN_MODEL, started)
             cycle.responded = True
-            await _send_error(send, internal, req.request_id)
+            await _send_error(send, internal, req.request_id, req.kind)
             return
         ok, status = True, exchange.status
         try:
@@ -318,7 +362,7 @@ class GatewayApp:
             log.exception("request %s: unexpected error before responding", req.request_id)
             status = 500
             cycle.responded = True
-            await _send_error(send, InternalError(), req.request_id)
+            await _send_error(send, InternalError(), req.request_id, req.kind)
         except BaseException:
             ok = True  # the client left (or shutdown): the replica did nothing wrong
             raise
@@ -333,6 +377,8 @@ class GatewayApp:
             body = exchange.first
             if exchange.status >= 400:
                 body, out_headers = relay_error(exchange, out_headers, req.request_id)
+            elif req.kind == "responses":
+                self._remember(responses_route.body_id(body), exchange)
             out_headers.append((b"content-length", str(len(body)).encode()))
             cycle.responded = True
             await send(
@@ -344,8 +390,11 @@ class GatewayApp:
         await send(
             {"type": "http.response.start", "status": exchange.status, "headers": out_headers}
         )
+        sniffer = responses_route.CreatedSniffer() if req.kind == "responses" else None
         try:
             async for chunk in exchange.chunks():
+                if sniffer is not None and not sniffer.done:
+                    self._remember(sniffer.feed(chunk), exchange)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except StreamBroken as broken:
             # Never retried once bytes went out: end with vLLM's error event and no [DONE].
@@ -357,13 +406,21 @@ class GatewayApp:
             )
             self.runtime.metrics.stream_truncated(req.model, exchange.lease.replica.name)
             msg = "The model server stopped streaming before the answer was complete."
-            event = error_event(msg, 502)
+            if req.kind in ANTHROPIC_KINDS:
+                event = stream_error_event(msg)
+            else:
+                event = error_event(msg, 502)
             cycle.responded = True
             await send({"type": "http.response.body", "body": event, "more_body": False})
             return False
         cycle.responded = True
         await send({"type": "http.response.body", "body": b""})
         return True
+
+    def _remember(self, response_id: str | None, exchange: Exchange) -> None:
+        """A response its replica may store: its follow-ups must go back there."""
+        if response_id is not None:
+            self.runtime.pipeline.responses.put(response_id, exchange.lease.replica.name)
 
     # --- everything else ----------------------------------------------------------------
 

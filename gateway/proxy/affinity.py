@@ -16,7 +16,8 @@ from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
 from gateway.config import AdmissionConfig, CacheIndexConfig
-from gateway.proxy.requests import ParsedRequest, with_features
+from gateway.proxy import messages_route, responses_route
+from gateway.proxy.requests import Kind, ParsedRequest, with_features
 from routing.types import RequestFeatures
 from vllm_api.chat_template import ChatTemplate, load_chat_template
 from vllm_api.tokenizer import Tokenizer, load_tokenizer
@@ -27,6 +28,10 @@ log = logging.getLogger("llm_gateway.affinity")
 _THREAD_ABOVE_TOKENS = 4096
 # Prefixed to a token-id prompt's bytes before its prompt hash: no text hashes the same.
 _IDS_KEY = b"\x00token-ids\x00"
+# Routes that generate (and so leave a prefix in the replica's KV cache).
+_CACHED_KINDS: frozenset[Kind] = frozenset({"chat", "completions", "responses", "messages"})
+# Routes whose rendered chat vLLM tokenizes without adding special tokens.
+_PLAIN_KINDS: frozenset[Kind] = frozenset({"chat", "messages"})
 
 
 class Affinity:
@@ -66,6 +71,11 @@ class Affinity:
         data = req.data
         if req.kind == "chat":
             return self.template.render(data["messages"], add_generation_prompt=True)
+        # Rendered from the chat vLLM converts them to, so their prefixes hash as chat's do.
+        if req.kind == "responses":
+            return self.template.render(responses_route.chat_messages(data))
+        if req.kind == "messages":
+            return self.template.render(messages_route.chat_messages(data))
         prompt: Any = data["prompt"]
         if isinstance(prompt, str):
             return prompt
@@ -91,7 +101,9 @@ class Affinity:
         if self.tokenizer is not None:
             # A rendered chat already carries the template's BOS; vLLM adds none to it.
             tok = self.tokenizer
-            ids = tok.encode_plain(text) if req.kind == "chat" else tok.encode(text)
+            # Responses tokenizes with special tokens (a BOS before the template's), as vLLM.
+            plain = req.kind in _PLAIN_KINDS
+            ids = tok.encode_plain(text) if plain else tok.encode(text)
             hashes = block_hashes(ids, self.cfg.block_size, extra=extra)
             return len(ids), tuple(hashes)
         hashes = char_block_hashes(text, self.cfg.block_chars, extra=extra)
@@ -112,6 +124,10 @@ class Affinity:
         """(prompt tokens, prompt hash, block hashes): pure, so it may run in a worker thread."""
         # Odd but valid input (content parts the template can't take, ids the tokenizer or the
         # hashes refuse) is the replica's to judge: without features it is routed by load.
+        # Counts and tokenizations fill no KV cache; a follow-up's prompt starts with turns
+        # only its replica knows (and goes there anyway): neither has features to route on.
+        if req.kind not in _CACHED_KINDS or req.response_id is not None:
+            return None
         try:
             ids = self._token_ids(req)
             if ids is not None:

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import replace
 
+from cache_index.response_index import ResponseIndex
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -15,11 +16,13 @@ from gateway.errors import (
     UpstreamFailed,
     UpstreamTimeout,
 )
+from gateway.logs import RequestLog, RequestRecord
 from gateway.proxy.admission import DEFAULT_LANE, Admission, RateLimited
 from gateway.proxy.affinity import Affinity
 from gateway.proxy.decision_log import decision_line
 from gateway.proxy.headers import upstream_request_headers
 from gateway.proxy.requests import ParsedRequest
+from gateway.proxy.responses_route import ResponseNotFound, ResponseReplicaGone, stored_path
 from gateway.proxy.tenancy import Grant, Tenancy
 from gateway.proxy.tenancy_config import DEFAULT_TENANT
 from gateway.proxy.upstream import Exchange, Upstream, UpstreamResponse
@@ -35,7 +38,15 @@ log = logging.getLogger("llm_gateway.pipeline")
 # turned on without the rest of the pipeline's debug output.
 decision_log = logging.getLogger("llm_gateway.decision")
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "count_tokens": "/v1/messages/count_tokens",
+    "tokenize": "/tokenize",
+    "detokenize": "/detokenize",
+}
 # An error body from a failing replica is read only to be logged, and only this much of it.
 _ERROR_BODY_LOG_LIMIT = 512
 
@@ -85,6 +96,10 @@ class Pipeline:
         # Model versions, instance-class labels and vLLM priorities (gateway/proxy/versions.py).
         classes = tenancy.priority if tenancy is not None else None
         self._traffic = Traffic(config, metrics.model_version, classes)
+        # Stored Responses live in one replica's memory: their follow-ups must go back there.
+        self.responses = ResponseIndex(config.cache_index.max_responses)
+        # One record per request on llm_gateway.request ([telemetry] request_log).
+        self._request_log = RequestLog(config.telemetry.request_log)
 
     def check_model(self, model: str) -> None:
         """404 for a model no replica has ever served, as vLLM does for its own models."""
@@ -114,7 +129,10 @@ class Pipeline:
             # Refused requests count too; an unknown model name must not mint a label.
             model = req.model if req.model in self._pool.known_models() else "_unknown"
             branch = Branch.QUEUED if isinstance(err, RateLimited) else Branch.NONE
-            self._metrics.request_done(model, "", err.status, branch, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self._metrics.request_done(model, "", err.status, branch, elapsed)
+            if self._request_log.enabled:
+                self._log_request(req, "", branch, err.status, None, None, elapsed)
             if rtrace is not None:
                 rtrace.end(err.status)
             raise
@@ -126,6 +144,7 @@ class Pipeline:
             raise
         exchange.trace = rtrace
         exchange.grant = grant
+        exchange.want_usage = self._request_log.enabled
         return exchange
 
     async def _open(
@@ -136,20 +155,25 @@ class Pipeline:
         rtrace: RequestTrace | None,
     ) -> Exchange:
         req = self._traffic.choose(req, client_headers)
-        self.check_model(req.model)
+        # A stored response's replica is the only one that can serve it: no routing, no retry.
+        pinned = None if req.response_id is None else self._pinned(req.response_id)
+        if pinned is None or req.kind == "responses":
+            self.check_model(req.model)
         headers = upstream_request_headers(client_headers, req.request_id, self._cfg.api_key)
         features = await self._affinity.features_off_loop(req, client_headers)
         # Once per request: with DEBUG off a decision costs no formatting at all.
         debug = decision_log.isEnabledFor(logging.DEBUG)
         tried: list[str] = []
         last: GatewayError | None = None
-        for attempt in range(1 + self._cfg.max_retries):
+        for attempt in range(1 if pinned is not None else 1 + self._cfg.max_retries):
             if attempt and not self._retry_allowed():
                 assert last is not None
                 self._metrics.retry_refused()
                 raise last
             try:
-                if attempt == 0:
+                if pinned is not None:
+                    decision, waited = pinned, False
+                elif attempt == 0:
                     decision, waited = await self._first_route(features)
                 else:
                     decision = self._router.route(features, self._pool.snapshots(), tried)
@@ -224,6 +248,20 @@ class Pipeline:
         assert last is not None
         raise last
 
+    def _pinned(self, response_id: str) -> Decision:
+        """The replica storing `response_id`; 404 unknown, 410 left the fleet, 503 down."""
+        name = self.responses.get(response_id)
+        if name is None:
+            raise ResponseNotFound(response_id)
+        snapshot = next((s for s in self._pool.snapshots() if s.name == name), None)
+        if snapshot is None:
+            raise ResponseReplicaGone(response_id, name)
+        if not snapshot.healthy:
+            raise NoHealthyReplica(
+                f"The replica `{name}` that stores response '{response_id}' is down."
+            )
+        return Decision(snapshot, Branch.SESSION, 0.0, {}, 1)
+
     async def _first_route(self, features: RequestFeatures) -> tuple[Decision, bool]:
         """Route, or wait in the admission queue while every replica is saturated."""
         pool, router = self._pool, self._router
@@ -257,7 +295,7 @@ class Pipeline:
         lease: Lease,
         started: float,
     ) -> Exchange:
-        url = decision.replica.url + _PATHS[req.kind]
+        url = decision.replica.url + (stored_path(req) or _PATHS[req.kind])
         cfg, replica = self._cfg, lease.replica
         body = self._traffic.upstream_body(req, replica.config, headers)
         # Streams: the head within response_head_timeout_s, the first chunk within
@@ -357,10 +395,45 @@ class Pipeline:
                 tenant=req.features.tenant or DEFAULT_TENANT,
             )
             exchange.trace.end(status if ok else 502)
+        elapsed = time.perf_counter() - exchange.started
         self._metrics.request_done(
-            req.model,
-            exchange.lease.replica.name,
-            status,
-            exchange.decision.branch,
-            time.perf_counter() - exchange.started,
+            req.model, exchange.lease.replica.name, status, exchange.decision.branch, elapsed
+        )
+        if self._request_log.enabled:
+            ttft = exchange.first_byte_at - exchange.started if exchange.streaming else None
+            self._log_request(
+                req,
+                exchange.lease.replica.name,
+                exchange.decision.branch,
+                status if ok else 502,
+                ttft,
+                exchange.used_tokens(),
+                elapsed,
+            )
+
+    def _log_request(
+        self,
+        req: ParsedRequest,
+        replica: str,
+        branch: str,
+        status: int,
+        ttft_s: float | None,
+        usage_tokens: int | None,
+        duration_s: float,
+    ) -> None:
+        tokens = req.features.prompt_tokens
+        self._request_log.done(
+            RequestRecord(
+                request_id=req.request_id,
+                tenant=req.features.tenant or DEFAULT_TENANT,
+                model=req.model,
+                replica=replica,
+                branch=str(branch),
+                status=status,
+                stream=req.stream,
+                ttft_s=ttft_s,
+                prompt_tokens=tokens if tokens else None,
+                usage_tokens=usage_tokens,
+                duration_s=duration_s,
+            )
         )

@@ -13,7 +13,23 @@ import orjson
 from gateway.errors import BadRequest, echo
 from routing.types import RequestFeatures
 
-Kind = Literal["chat", "completions"]
+Kind = Literal[
+    "chat",
+    "completions",
+    "responses",
+    "messages",
+    "count_tokens",
+    "response_get",
+    "response_cancel",
+    "tokenize",
+    "detokenize",
+]
+# Routes whose body only routing reads (model, stream): the replica validates the rest.
+PASS_KINDS: frozenset[Kind] = frozenset(
+    {"responses", "messages", "count_tokens", "tokenize", "detokenize"}
+)
+# Routes whose errors the gateway answers in Anthropic's shape.
+ANTHROPIC_KINDS: frozenset[Kind] = frozenset({"messages", "count_tokens"})
 
 # A 4-byte unsigned typecode: token ids are checked to fit uint32, as the block hashes pack them.
 _U32 = "I" if array("I").itemsize == 4 else "L"
@@ -52,6 +68,8 @@ class ParsedRequest:
     stream: bool
     request_id: str
     features: RequestFeatures
+    # A stored response this request must reach (previous_response_id, GET or cancel of it).
+    response_id: str | None = None
 
 
 def _estimate_chat_chars(messages: list[Any]) -> int:
@@ -98,6 +116,53 @@ def _prompt_chars(prompt: Any) -> int:
     raise BadRequest(_PROMPT_SHAPE, param="prompt")
 
 
+def _text_chars(value: Any) -> int:
+    """Characters of a string, or of the text parts of a message list (any other shape: 0)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return _estimate_chat_chars(value)
+    return 0
+
+
+def _pass_through(
+    kind: Kind, body: bytes, data: dict[str, Any], model: str, request_id: str
+) -> ParsedRequest:
+    stream = data.get("stream")
+    if stream is None or kind not in ("responses", "messages"):
+        stream = False
+    elif not isinstance(stream, bool):
+        raise BadRequest("`stream` must be a boolean.", param="stream")
+    if kind == "responses":
+        chars = _text_chars(data.get("instructions")) + _text_chars(data.get("input"))
+        max_tokens = data.get("max_output_tokens")
+    else:
+        chars = _text_chars(data.get("system")) + _text_chars(data.get("messages"))
+        max_tokens = data.get("max_tokens") if kind == "messages" else None
+    priority = data.get("priority", 0)
+    user = data.get("user")
+    features = RequestFeatures(
+        model=model,
+        request_id=request_id,
+        prompt_tokens=chars // 4,
+        max_tokens=max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None,
+        stream=stream,
+        session=user if isinstance(user, str) else None,
+        priority=priority if isinstance(priority, int) else 0,
+    )
+    prev = data.get("previous_response_id") if kind == "responses" else None
+    pin = prev if isinstance(prev, str) and prev else None
+    return ParsedRequest(kind, body, data, model, stream, request_id, features, pin)
+
+
+def stored_request(kind: Kind, response_id: str, request_id: str) -> ParsedRequest:
+    """GET or cancel of a stored response: no body, no model (its replica's model is used)."""
+    # The metrics' label for a model not known (the request names none).
+    model = "_unknown"
+    features = RequestFeatures(model=model, request_id=request_id)
+    return ParsedRequest(kind, b"", {}, model, False, request_id, features, response_id)
+
+
 def parse_request(
     kind: Kind, body: bytes, request_id: str, session: str | None = None
 ) -> ParsedRequest:
@@ -111,6 +176,8 @@ def parse_request(
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` is required and must be a non-empty string.", param="model")
+    if kind in PASS_KINDS:
+        return _pass_through(kind, body, data, model, request_id)
     if kind == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:

@@ -127,6 +127,8 @@ class Exchange:
     grant: Grant | None = None
     # prompt + completion tokens of a stream's usage chunk, when one was seen (and wanted).
     usage: int | None = None
+    # Read a stream's usage chunk even without a token quota (the request log wants it).
+    want_usage: bool = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream's chunks as they arrive, starting with the first; nothing is buffered."""
@@ -134,8 +136,9 @@ class Exchange:
         if not self.streaming:
             self.complete = True
             return
-        # Read the usage chunk only for a token quota, and then only chunks that may hold it.
-        tap = self.grant is not None and self.grant.wants_usage
+        # Read the usage chunk only for a token quota or the request log, and then only the
+        # chunks that may hold it.
+        tap = self.want_usage or (self.grant is not None and self.grant.wants_usage)
         prev = self.first
         if tap and USAGE_MARK in prev:
             self.usage = usage_tokens(prev)

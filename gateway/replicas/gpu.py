@@ -19,12 +19,39 @@ NVML_INTERVAL_S = 1.0
 
 
 def apply_heartbeat(pool: ReplicaPool, data: Any) -> ReplicaState:
-    """Validate a worker heartbeat and record it; BadRequest names the faulty field."""
+    """Validate a worker heartbeat and record it; BadRequest names the faulty field.
+
+    It carries GPU figures (all three fields), the replica's liveness as its agent sees it
+    (`vllm_healthy`, from an agent without a GPU reader), or both.
+    """
     if not isinstance(data, Mapping):
         raise BadRequest("The heartbeat must be a JSON object.")
     name = data.get("replica")
     if not isinstance(name, str) or name not in pool.replicas:
         raise BadRequest("`replica` must name a configured replica.", param="replica")
+    alive = data.get("vllm_healthy")
+    if alive is not None and not isinstance(alive, bool):
+        raise BadRequest("`vllm_healthy` must be true or false.", param="vllm_healthy")
+    gpu_keys = ("gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_utilization")
+    has_gpu = any(k in data for k in gpu_keys)
+    if not has_gpu and alive is None:
+        raise BadRequest(
+            "The heartbeat needs GPU figures or `vllm_healthy`.", param="gpu_memory_used_bytes"
+        )
+    replica = pool[name]
+    now = time.monotonic()
+    if has_gpu:
+        frac, util = _gpu_figures(data)
+        replica.gpu_mem_used_frac = frac
+        replica.gpu_util = util
+        replica.gpu_seen_at = now
+    if alive is not None:
+        replica.agent_vllm_healthy = alive
+        replica.agent_seen_at = now
+    return replica
+
+
+def _gpu_figures(data: Mapping[str, Any]) -> tuple[float, float]:
     used, total = data.get("gpu_memory_used_bytes"), data.get("gpu_memory_total_bytes")
     util = data.get("gpu_utilization")
     for key, value in (("gpu_memory_used_bytes", used), ("gpu_memory_total_bytes", total)):
@@ -32,14 +59,12 @@ def apply_heartbeat(pool: ReplicaPool, data: Any) -> ReplicaState:
             raise BadRequest(f"`{key}` must be a non-negative integer.", param=key)
     assert isinstance(used, int) and isinstance(total, int)
     if total == 0 or used > total:
-        raise BadRequest("`gpu_memory_total_bytes` must be > 0 and >= used.", param=key)
+        raise BadRequest(
+            "`gpu_memory_total_bytes` must be > 0 and >= used.", param="gpu_memory_total_bytes"
+        )
     if isinstance(util, bool) or not isinstance(util, int | float) or not 0 <= util <= 1:
         raise BadRequest("`gpu_utilization` must be a number in [0, 1].", param="gpu_utilization")
-    replica = pool[name]
-    replica.gpu_mem_used_frac = used / total
-    replica.gpu_util = float(util)
-    replica.gpu_seen_at = time.monotonic()
-    return replica
+    return used / total, float(util)
 
 
 class Nvml:

@@ -62,6 +62,9 @@ class ReplicaState:
     gpu_mem_used_frac: float | None = None
     gpu_util: float | None = None
     gpu_seen_at: float = 0.0
+    # The replica's liveness as its agent last saw it (an agent without a GPU reader).
+    agent_vllm_healthy: bool | None = None
+    agent_seen_at: float = 0.0
     # Deadlines of attempts waiting for this replica's answer (cut short when it goes down).
     awaiting: set[asyncio.Timeout] = field(default_factory=set, repr=False, compare=False)
     # The last snapshot and what it was built from: most replicas are unchanged between two

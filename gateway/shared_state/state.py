@@ -326,7 +326,12 @@ class SharedState:
                     await self._beat()
             except FAILURES as exc:
                 self.failed("in-flight", exc)
-            await asyncio.sleep(self.cfg.inflight_poll_s)
+            await asyncio.sleep(self._poll_interval())
+
+    def _poll_interval(self) -> float:
+        """Fast while any process (this one, or a peer as last read) has work in flight."""
+        busy = any(r.in_flight or r.remote_in_flight for r in self.pool)
+        return self.cfg.inflight_poll_s if busy else self.cfg.inflight_idle_poll_s
 
     async def _beat(self) -> None:
         """Rewrite this process's lease and read the others' in one round trip."""

@@ -330,6 +330,8 @@ def test_tiny_run_writes_results_and_report(tmp_path: Path) -> None:
     out = tmp_path / "overhead"
     args = parser.parse_args(
         [
+            "--harness",
+            "python",
             "--quick",
             "--duration",
             "0.3",

@@ -95,8 +95,10 @@ def test_settings_come_from_flags_and_the_key_from_the_environment() -> None:
         gpus="0,2",
         interval_s=0.5,
         timeout_s=1.0,
+        vllm_url="http://127.0.0.1:8001",
     )
     s = settings_from(args, {"LLM_GATEWAY_ADMIN_KEY": "k"})
+    assert s.vllm_url == "http://127.0.0.1:8001"
     assert (s.gateways, s.gpu_indices, s.admin_key, s.interval_s) == (
         ("http://a:8000", "http://b:8000"),
         (0, 2),
@@ -142,3 +144,38 @@ def test_the_agent_command_exits_2_when_it_cannot_start() -> None:
     )
     assert proc.returncode == 2
     assert "--gpus must list integers" in proc.stderr
+
+
+async def test_without_a_gpu_heartbeats_carry_the_replicas_liveness(fleet: SimFleet) -> None:
+    base = gateway_config(fleet)
+    cfg = replace(base, server=replace(base.server, admin_keys=("admin-secret",)))
+    replica = fleet.replicas[1]
+    async with running_gateway(cfg) as gw, aiohttp.ClientSession() as session:
+        settings = AgentSettings(
+            gateways=(gw.url,), replica=replica.name, admin_key="admin-secret",
+            vllm_url=replica.url,
+        )  # fmt: skip
+        agent = Agent(settings, None, session)  # no GPU reader on this host
+        await agent.beat()
+        assert agent.last_status == {gw.url: 204}
+        state = gw.runtime.pool[replica.name]
+        assert state.agent_vllm_healthy is True and state.gpu_mem_used_frac is None
+        # The replica stops answering: the next heartbeat says so.
+        dead = replace(settings, vllm_url=f"http://127.0.0.1:{_closed_port()}")
+        await Agent(dead, None, session).beat()
+        assert state.agent_vllm_healthy is False
+        async with session.get(
+            f"{gw.url}/admin/replicas", headers={"authorization": "Bearer admin-secret"}
+        ) as resp:
+            rows = {r["name"]: r for r in (await resp.json())["replicas"]}
+        assert rows[replica.name]["agent"]["vllm_healthy"] is False
+
+
+async def test_a_heartbeat_with_neither_gpu_figures_nor_liveness_is_refused(
+    fleet: SimFleet,
+) -> None:
+    async with running_gateway(gateway_config(fleet)) as gw, aiohttp.ClientSession() as s:
+        name = fleet.replicas[0].name
+        for body in ({"replica": name}, {"replica": name, "vllm_healthy": "yes"}):
+            async with s.post(f"{gw.url}/admin/heartbeat", json=body) as resp:
+                assert resp.status == 400, body

@@ -100,6 +100,10 @@ def test_variants_name_workers_hosts_and_shared_state(tmp_path: Path) -> None:
     )
     assert cfg.shared_state.url == "redis://127.0.0.1:7/0"
     assert parse_config(tomllib.loads(gateway_toml(modes[0], FLEET, "h", 1))).shared_state.url == ""
+    # A variant's own [shared_state] table is completed with the url, not repeated.
+    tuned = GatewayMode("t", "default", extra_toml="[shared_state]\ninflight_poll_s = 0.01\n")
+    cfg = parse_config(tomllib.loads(gateway_toml(tuned, FLEET, "h", 1, "redis://r:1/0")))
+    assert (cfg.shared_state.url, cfg.shared_state.inflight_poll_s) == ("redis://r:1/0", 0.01)
     for workers, hosts in ((3, 2), (1, 2), (2, 0)):
         with pytest.raises(ValueError, match="multiple of hosts"):
             GatewayMode("bad", "default", workers=workers, hosts=hosts)

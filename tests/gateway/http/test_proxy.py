@@ -147,7 +147,7 @@ async def test_wrong_method_and_path(asgi_client: httpx.AsyncClient) -> None:
     r = await asgi_client.post("/v1/embeddings", json={})
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
     # Replica-only routes are not forwarded: the gateway proxies an allowlist.
-    assert (await asgi_client.post("/tokenize", json={"prompt": "x"})).status_code == 404
+    assert (await asgi_client.post("/reset_prefix_cache", json={})).status_code == 404
 
 
 async def test_body_limit_is_413_before_parsing(fleet: SimFleet) -> None:

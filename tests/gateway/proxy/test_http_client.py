@@ -16,6 +16,7 @@ from gateway.proxy.http_client import (
     PoolTimeout,
     UpstreamClosed,
     UpstreamProtocolError,
+    _Connection,
 )
 
 WAIT_S = 5.0
@@ -271,6 +272,7 @@ async def test_a_slow_reader_pauses_the_socket_and_resumes_it() -> None:
         c = client()
         resp = await c.post(url, b"{}", {})
         conn = resp._conn
+        assert isinstance(conn, _Connection)
         await until(lambda: conn._paused)
         got = 0
         while chunk := await asyncio.wait_for(resp.content.readany(), WAIT_S):

@@ -13,6 +13,7 @@ from cache_index.session_affinity import session_hash
 from gateway.config import CacheIndexConfig, GatewayConfig
 from gateway.shared_state.config import SharedStateConfig
 from gateway.shared_state.scripts import ALL, SHAS, Keys
+from gateway.shared_state.state import SharedState
 from routing.types import RequestFeatures
 from simulator import SimFleet
 from tests.gateway.conftest import MODEL, eventually, gateway_config, in_process
@@ -170,8 +171,27 @@ async def test_without_a_url_the_process_shares_nothing(fleet4: SimFleet) -> Non
         {"url": "redis://x", "lease_ttl_s": 0.05},
         {"url": "redis://x", "op_timeout_s": 0.0},
         {"url": "redis://x", "max_connections": 1},
+        {"url": "redis://x", "inflight_idle_poll_s": 2.0},  # > lease_ttl_s / 2
     ],
 )
 def test_bad_settings_are_refused(keys: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SharedStateConfig(**keys)  # type: ignore[arg-type]
+
+
+async def test_in_flight_is_polled_fast_only_while_some_process_has_work(
+    fleet4: SimFleet,
+) -> None:
+    cfg = replace(gateway_config(fleet4), shared_state=SharedStateConfig(url="redis://x"))
+    # Built, not started: the choice of interval reads only the pool.
+    async with in_process(gateway_config(fleet4)) as gw:
+        state = SharedState(cfg.shared_state, gw.runtime.affinity, gw.runtime.pool)
+        r0, r1 = list(gw.runtime.pool)[:2]
+        assert state._poll_interval() == cfg.shared_state.inflight_idle_poll_s
+        r0.in_flight += 1  # this process has a request in flight
+        assert state._poll_interval() == cfg.shared_state.inflight_poll_s
+        r0.in_flight -= 1
+        r1.remote_in_flight = 2  # a peer has, as last read
+        assert state._poll_interval() == cfg.shared_state.inflight_poll_s
+        r1.remote_in_flight = 0
+        assert state._poll_interval() == cfg.shared_state.inflight_idle_poll_s
