@@ -104,13 +104,8 @@ class Fleet:
                 if r.config.url == cfg.url:
                     raise FleetError(f"url {cfg.url} is already served by replica {r.name!r}", 409)
             slow = runtime.config.discovery.slow_start
-            # Known before it is probed: it may be routable (and listed) before the await ends.
+            replica = await runtime.add_replica(cfg, slow)
             self.origins[cfg.name] = origin
-            try:
-                replica = await runtime.add_replica(cfg, slow)
-            except BaseException:
-                self.origins.pop(cfg.name, None)
-                raise
         log.info(
             "replica %s added (%s): %s, %s%s",
             cfg.name,
