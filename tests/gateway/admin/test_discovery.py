@@ -175,9 +175,17 @@ def zone(request: pytest.FixtureRequest) -> Iterator[tuple[Zone, int]]:
     resolver = Zone()
     quiet = DNSLogger(logf=lambda _line: None)
     handler = _Truncating if getattr(request, "param", "") == "truncating" else DNSHandler
-    udp = DNSServer(resolver, "127.0.0.1", 0, logger=quiet, handler=handler)
-    port = int(udp.server.server_address[1])
-    tcp = DNSServer(resolver, "127.0.0.1", port, tcp=True, logger=quiet)
+    # The UDP port's TCP twin may be taken by another socket: try another pair, leaking none.
+    for _ in range(20):
+        udp = DNSServer(resolver, "127.0.0.1", 0, logger=quiet, handler=handler)
+        port = int(udp.server.server_address[1])
+        try:
+            tcp = DNSServer(resolver, "127.0.0.1", port, tcp=True, logger=quiet)
+            break
+        except OSError:
+            udp.server.server_close()
+    else:
+        raise AssertionError("no port free for both UDP and TCP")
     servers: list[socketserver.BaseServer] = [udp.server, tcp.server]
     udp.start_thread()
     tcp.start_thread()
