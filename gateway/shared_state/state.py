@@ -66,7 +66,8 @@ def default_process_id() -> str:
 
 
 def _reraise_cancel() -> None:
-    # A client library may turn our cancellation into its own error: never swallow it.
+    # A client library may turn our cancellation into its own error, or (asyncio.wait_for on
+    # 3.11) return a result it raced with: never swallow it.
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
@@ -112,6 +113,9 @@ class SharedState:
         self._subscribed = asyncio.Event()
         self._down = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Set before the loops are cancelled: a client library that turns a cancellation into
+        # an error it retries must not keep a stopped loop (and its lease) alive.
+        self._stopping = False
         # Tenant -> quota slots this process holds in Redis (set by the Redis quota store).
         self.quota_held: Callable[[], Mapping[str, int]] = dict
         self.redis = Redis(
@@ -160,6 +164,7 @@ class SharedState:
 
     async def stop(self) -> None:
         """Stop the loops, drop this process's lease (the others stop counting it), close."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -181,6 +186,7 @@ class SharedState:
 
     def abandon(self) -> None:
         """Stop every loop at once without a word to Redis: a process that died (tests)."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         self._tasks = []
@@ -249,7 +255,7 @@ class SharedState:
 
     async def _connector(self) -> None:
         delay = self.cfg.reconnect_min_s
-        while True:
+        while not self._stopping:
             await self._down.wait()
             await asyncio.sleep(delay)
             await self._connect()
@@ -267,7 +273,7 @@ class SharedState:
     # --- the loops -----------------------------------------------------------------------
 
     async def _flusher(self) -> None:
-        while True:
+        while not self._stopping:
             await self._has_pending.wait()
             # A batch window: the outcomes of a burst go out in one round trip.
             await asyncio.sleep(self.cfg.flush_interval_s)
@@ -279,6 +285,7 @@ class SharedState:
                     await self._flush()
             except FAILURES as exc:
                 self.failed("flush", exc)
+            _reraise_cancel()
 
     def _drain(self) -> list[Outcome]:
         pending, cap = self._pending, self.cfg.max_event_blocks
@@ -319,13 +326,14 @@ class SharedState:
         self.stats.published += len(outcomes)
 
     async def _poller(self) -> None:
-        while True:
+        while not self._stopping:
             await self._up.wait()
             try:
                 async with asyncio.timeout(self.cfg.batch_timeout_s):
                     await self._beat()
             except FAILURES as exc:
                 self.failed("in-flight", exc)
+            _reraise_cancel()
             await asyncio.sleep(self._poll_interval())
 
     def _poll_interval(self) -> float:
@@ -361,7 +369,7 @@ class SharedState:
         )
 
     async def _subscriber(self) -> None:
-        while True:
+        while not self._stopping:
             await self._up.wait()
             pubsub = self.redis.pubsub()
             wait = self.cfg.batch_timeout_s
