@@ -67,3 +67,8 @@ class Shares:
         counts = self._counts
         low = min(counts[i] for i in tied)
         return [i for i in tied if counts[i] == low]
+
+    def evenly(self, among: Sequence[int], loads: Sequence[float], band: float) -> list[int]:
+        """The fewest picked of `among` whose load is within `band` of their least."""
+        floor = min(loads[i] for i in among) + band
+        return self.fewest([i for i in among if loads[i] <= floor])

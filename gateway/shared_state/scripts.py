@@ -91,9 +91,11 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS: procs zset, own in-flight hash, then each tenant's concurrency hash. ARGV: process id,
-# lease ms, n, n (replica, count) pairs, then one slot count per tenant key. Rewrites the
-# process's counts whole (a lost settle or a cancelled reserve heals at the next beat).
-HEARTBEAT = (
+# lease ms, in-flight key base, n, n (replica, count) pairs, then one slot count per tenant key.
+# Rewrites the process's counts whole (a lost settle or a cancelled reserve heals at the next
+# beat), then sums the other live processes' counts by replica: {peers, replica, count, ...}.
+# One script, one round trip: the beat runs every 10 ms while anything is in flight.
+BEAT = (
     _NOW_MS
     + """
 local pid, lease = ARGV[1], tonumber(ARGV[2])
@@ -101,33 +103,23 @@ redis.call('ZADD', KEYS[1], string.format('%.0f', now_ms), pid)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.0f', now_ms - lease))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
-local n = tonumber(ARGV[3])
+local n = tonumber(ARGV[4])
 if n > 0 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 4, 3 + 2 * n))
+  redis.call('HSET', KEYS[2], unpack(ARGV, 5, 4 + 2 * n))
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 for k = 3, #KEYS do
-  local held = ARGV[3 + 2 * n + k - 2]
+  local held = ARGV[4 + 2 * n + k - 2]
   if held == '0' then redis.call('HDEL', KEYS[k], pid)
   else redis.call('HSET', KEYS[k], pid, held) end
   redis.call('PEXPIRE', KEYS[k], ARGV[2])
 end
-return now_ms
-"""
-)
-
-# KEYS: procs zset. ARGV: in-flight key base, own process id, lease ms. The other live
-# processes' in-flight counts summed by replica: {peers, replica, count, replica, count...}.
-OTHERS = (
-    _NOW_MS
-    + """
-local alive = string.format('%.0f', now_ms - tonumber(ARGV[3]))
-local pids = redis.call('ZRANGEBYSCORE', KEYS[1], alive, '+inf')
+local pids = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.0f', now_ms - lease), '+inf')
 local sum, names, peers = {}, {}, 0
-for _, pid in ipairs(pids) do
-  if pid ~= ARGV[2] then
+for _, other in ipairs(pids) do
+  if other ~= pid then
     peers = peers + 1
-    local h = redis.call('HGETALL', ARGV[1] .. pid)
+    local h = redis.call('HGETALL', ARGV[3] .. other)
     for i = 1, #h, 2 do
       if sum[h[i]] == nil then names[#names + 1] = h[i]; sum[h[i]] = 0 end
       sum[h[i]] = sum[h[i]] + tonumber(h[i + 1])
@@ -216,8 +208,7 @@ return 1
 
 ALL = {
     "merge": MERGE,
-    "heartbeat": HEARTBEAT,
-    "others": OTHERS,
+    "beat": BEAT,
     "reserve": RESERVE,
     "settle": SETTLE,
 }

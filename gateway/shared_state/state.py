@@ -342,26 +342,24 @@ class SharedState:
         return self.cfg.inflight_poll_s if busy else self.cfg.inflight_idle_poll_s
 
     async def _beat(self) -> None:
-        """Rewrite this process's lease and read the others' in one round trip."""
+        """Rewrite this process's lease and read the others' in one script (one round trip)."""
         keys, pid = self.keys, self.process_id
         lease_ms = int(self.cfg.lease_ttl_s * 1000)
         counts = [(r.name, r.in_flight) for r in self.pool if r.in_flight > 0]
         held = dict(self.quota_held())
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.evalsha(
-            SHAS["heartbeat"],
+        others = await self.redis.evalsha(
+            SHAS["beat"],
             2 + len(held),
             keys.procs,
             keys.inflight(pid),
             *(keys.quota(t)[1] for t in held),
             pid,
             lease_ms,
+            keys.inflight_base,
             len(counts),
             *(x for pair in counts for x in pair),
             *held.values(),
         )
-        pipe.evalsha(SHAS["others"], 1, keys.procs, keys.inflight_base, pid, lease_ms)
-        _, others = await pipe.execute()
         self.stats.peers = int(others[0])
         it = iter(others[1:])
         self.pool.set_remote_in_flight(

@@ -12,10 +12,9 @@ candidate load + guard_slack; the slack lets an idle fleet take requests at all.
    holders must not draw every new prefix. Full matches (w = 1) and affinity have no share
    bound unless share_all.
 3. A candidate failed: "share_guard" if a holder failed its share, else "load_guard". 4. None:
-"miss_by_load". In 3 and 4 the best total within the guards wins; ties go to the fewest recent
-picks (an idle fleet places new prefixes evenly, not by luck), then at random.
-The share window (bound, and fewest picks) acts only while the load guard cannot bind (the
-candidates' total load fits within it: low concurrency); under load the guard alone decides.
+"miss_by_load". In 3 and 4 the best total within the guards wins, then at random; but while the
+guard cannot bind (low concurrency), only the fewest recently picked of those within share_band
+of the least load compete (else new prefixes go to whoever is free: the fastest replica).
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from routing.share import Shares, ShareWindow
 from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 _TIE_EPSILON = 1e-9
+Totals = Sequence[float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,7 @@ class Params:
     share_ratio: float = param(2.0, "share allowed relative to the mean recent share")
     share_slack: float = param(8.0, "picks allowed above share_ratio x mean recent share")
     share_all: bool = param(False, "bound full matches and affinity too (w = 1)")
+    share_band: float = param(1.0, "load above the least placed by fewest picks (bound only)")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
     def __post_init__(self) -> None:
@@ -53,7 +54,7 @@ class Params:
             "guard_ratio >= 1, guard_slack >= 0": self.guard_ratio >= 1 and self.guard_slack >= 0,
             "min_match_blocks >= 1": self.min_match_blocks >= 1,
             "full_allowance_share in (0, 1] or None": share is None or 0 < share <= 1,
-            "share_window >= 0": self.share_window >= 0,
+            "share_window >= 0, share_band >= 0": min(self.share_window, self.share_band) >= 0,
             "share_ratio >= 1, share_slack >= 0": self.share_ratio >= 1 and self.share_slack >= 0,
         }
         if failed := [rule for rule, ok in checks.items() if not ok]:
@@ -66,19 +67,18 @@ class AffinityGuard:
     __slots__ = ("_p", "_rng", "_share")
 
     def __init__(self, params: Params) -> None:
-        self._p = params
-        self._rng = random.Random(params.seed)
+        self._p, self._rng = params, random.Random(params.seed)
         self._share = ShareWindow(params.share_window)
 
     def pick(
-        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Sequence[float]
+        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Totals
     ) -> Pick:
         pick = self._pick(request, replicas, totals)
         self._share.record(replicas[pick.index].name)
         return pick
 
     def _pick(
-        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Sequence[float]
+        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Totals
     ) -> Pick:
         p, n = self._p, len(replicas)
         loads = [load(r) for r in replicas]
@@ -110,9 +110,9 @@ class AffinityGuard:
                     return Pick(i, Branch.PREFIX_HIT)
             guarded = guarded or bool(holders)
         # A holder over its guard or share is left out, or its prefix score could win it back.
-        passing = [i for i, lo in enumerate(loads) if lo <= limits[i] and i not in over]
-        tied = near_best(totals, _TIE_EPSILON, passing or list(range(n)))
-        index = choose(self._rng, shares.fewest(tied) if bound else tied)
+        pool = [i for i, lo in enumerate(loads) if lo <= limits[i] and i not in over] or [*range(n)]
+        pool = shares.evenly(pool, loads, p.share_band) if bound and p.share_window else pool
+        index = choose(self._rng, near_best(totals, _TIE_EPSILON, pool))
         branch = Branch.SHARE_GUARD if over else Branch.LOAD_GUARD
         return Pick(index, branch if guarded else Branch.MISS_BY_LOAD)
 

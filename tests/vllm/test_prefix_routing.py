@@ -72,16 +72,15 @@ async def _run(fleet: VllmFleet, profile: str, prefixes: list[str]) -> float:
                     resp = await client.post("/v1/completions", json=body)
                     assert resp.status_code == 200, resp.text
 
-            # Each prefix is first seen one request at a time, the later rounds 2 in flight.
-            # A concurrent first sight places new prefixes by momentary load (one request in
-            # flight on a replica sends the next new prefix to the other), which here piles
-            # 5-6 of the 8 on one replica past its cache in some runs (hit 0.19-0.30 against
-            # 0.61-0.74): the low-concurrency placement case still open in issue 14.
-            for n, jobs in enumerate(rounds):
+            # Every round 2 in flight, first sights too: placed by momentary load, new
+            # prefixes followed whichever replica was free and piled 5-6 of the 8 on one,
+            # past its cache (hit 0.19-0.30 against 0.61-0.74 in 2 runs of 4), until the
+            # share window placed them by fewest recent picks (affinity_guard share_band).
+            for jobs in rounds:
                 queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
                 for job in jobs:
                     queue.put_nowait(job)
-                await asyncio.gather(*(worker(queue) for _ in range(1 if n == 0 else CONCURRENCY)))
+                await asyncio.gather(*(worker(queue) for _ in range(CONCURRENCY)))
         after = [(await metric(direct, r.url, HITS), await metric(direct, r.url, QUERIES))
                  for r in fleet.replicas]  # fmt: skip
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
