@@ -84,6 +84,7 @@ class Runtime:
         if config.shared_state.enabled:
             self.shared_state = SharedState(config.shared_state, self.affinity, self.pool)
             self.affinity.on_record = self.shared_state.on_record
+            self.pool.on_ejection = self.shared_state.queue_ejection
             self.metrics.track_shared_state(self.shared_state.stats_row)
             if config.shared_state.quotas:
                 store = RedisQuotaStore(self.shared_state)

@@ -182,6 +182,18 @@ class OutlierPolicy:
             return None
         return self._eject(name, rec, "preemptions", now)
 
+    def adopt(
+        self, name: str, now: float, ejection: Ejection, others_routable: int
+    ) -> Ejection | None:
+        """Another gateway process ejected `name`: the same here, within this process's caps."""
+        rec = self._records.get(name)
+        if rec is None or rec.ejected_until is not None:
+            return None
+        if others_routable < 1 or len(self._ejected) >= self._cap:
+            return None
+        rec.ejections = max(rec.ejections, ejection.count - 1)
+        return self._eject(name, rec, ejection.reason, now, ejection.duration_s)
+
     def _verdict(self, rec: _Record, detail: str) -> str | None:
         if detail and self._patterns:
             low = detail.lower()
@@ -214,13 +226,16 @@ class OutlierPolicy:
             bucket[2] += 1
             rec.failures += 1
 
-    def _eject(self, name: str, rec: _Record, reason: str, now: float) -> Ejection:
+    def _eject(
+        self, name: str, rec: _Record, reason: str, now: float, duration: float | None = None
+    ) -> Ejection:
         cfg = self.config
-        if rec.ejections:
+        if rec.ejections and duration is None:
             decayed = int((now - rec.clean_since) // cfg.decay_s)
             rec.ejections = max(0, rec.ejections - decayed)
         rec.ejections += 1
-        duration = min(cfg.base_ejection_s * rec.ejections, cfg.max_ejection_s)
+        if duration is None:
+            duration = min(cfg.base_ejection_s * rec.ejections, cfg.max_ejection_s)
         rec.ejected_until = until = now + duration
         rec.clean_since = until
         rec.consecutive = 0

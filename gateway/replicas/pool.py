@@ -59,6 +59,8 @@ class ReplicaPool:
     outlier: OutlierPolicy = field(init=False)
     # Ejections so far, by replica and reason (a counter of the metrics).
     ejections: dict[str, dict[str, int]] = field(init=False)
+    # Told of this process's own ejections (shared state passes them to the other processes).
+    on_ejection: Callable[[Ejection], None] | None = None
 
     def __post_init__(self) -> None:
         self.configure_outlier(OutlierConfig())
@@ -153,19 +155,30 @@ class ReplicaPool:
             1 for r in self.replicas.values() if r.healthy and not r.drained and r is not replica
         )
 
-    def _apply(self, replica: ReplicaState, ejection: Ejection | None) -> None:
+    def adopt_ejection(self, ejection: Ejection) -> None:
+        """Another gateway process ejected a replica: eject it here too (within the caps)."""
+        replica = self.replicas.get(ejection.replica)
+        if replica is None:
+            return
+        mine = self.outlier.adopt(replica.name, self.clock(), ejection, self._others(replica))
+        self._apply(replica, mine, "a peer gateway's ")
+
+    def _apply(self, replica: ReplicaState, ejection: Ejection | None, via: str = "") -> None:
         if ejection is None:
             return
         replica.healthy = False
         counts = self.ejections[replica.name]
         counts[ejection.reason] = counts.get(ejection.reason, 0) + 1
         log.warning(
-            "replica %s ejected for %.0f s: %s (ejection %d)",
+            "replica %s ejected for %.0f s: %s%s (ejection %d)",
             replica.name,
             ejection.duration_s,
+            via,
             ejection.reason,
             ejection.count,
         )
+        if not via and self.on_ejection is not None:
+            self.on_ejection(ejection)
 
     def probe_passed(self, replica: ReplicaState) -> None:
         """Health checks pass (their threshold met): up, unless a passive ejection holds it."""

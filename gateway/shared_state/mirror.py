@@ -1,4 +1,4 @@
-"""Routing outcomes on the wire, and other processes' outcomes applied to the local cache index.
+"""Routing outcomes (and ejections) on the wire; other processes' outcomes applied locally.
 
 An outcome is (version, replica, prompt hash, session key, leading block hashes): the version
 is the deciding process's wall clock in microseconds, so the latest decision wins in every
@@ -16,6 +16,7 @@ import orjson
 
 from cache_index.session_affinity import session_hash
 from gateway.proxy.affinity import Affinity
+from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
 
 # (version µs, replica, prompt hash or None, session key or None, block hashes)
@@ -46,20 +47,51 @@ def outcome_of(
     return (version_us, replica, prompt, key, tuple(blocks[:max_blocks]))
 
 
-def encode(origin: str, outcomes: Sequence[Outcome]) -> bytes:
-    """One pub/sub message: the origin process and its outcomes."""
-    return orjson.dumps({"o": origin, "e": outcomes})
+def encode(origin: str, outcomes: Sequence[Outcome], ejections: Sequence[Ejection] = ()) -> bytes:
+    """One pub/sub message: the origin process, its outcomes and its ejections."""
+    msg: dict[str, Any] = {"o": origin, "e": outcomes}
+    if ejections:
+        msg["j"] = [(e.replica, e.reason, e.duration_s, e.count) for e in ejections]
+    return orjson.dumps(msg)
 
 
-def decode(data: bytes) -> tuple[str, list[Any]]:
-    """(origin, raw outcomes) of a message; ValueError when it is not one of ours."""
+def decode(data: bytes) -> tuple[str, list[Any], list[Ejection]]:
+    """(origin, raw outcomes, ejections) of a message; ValueError when it is not one of ours."""
     msg = orjson.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("o"), str):
         raise ValueError("not a shared-state message")
     events = msg.get("e")
     if not isinstance(events, list):
         raise ValueError("no outcomes")
-    return msg["o"], events
+    ejections: list[Ejection] = []
+    for raw in msg.get("j", ()):
+        match raw:
+            case [str(replica), str(reason), float(duration) | int(duration), int(count)] if (
+                duration > 0 and count > 0
+            ):
+                # Duration from the receipt: the message's latency is milliseconds.
+                ejections.append(Ejection(replica, reason, float(duration), 0.0, count))
+            case _:
+                raise ValueError("malformed ejection")
+    return msg["o"], events, ejections
+
+
+def split(
+    outcomes: list[Outcome], per_message: int, blocks_per_message: int
+) -> list[list[Outcome]]:
+    """Outcomes cut into messages of at most `per_message` outcomes, `blocks_per_message` blocks."""
+    parts: list[list[Outcome]] = []
+    part: list[Outcome] = []
+    blocks = 0
+    for o in outcomes:
+        if part and (len(part) == per_message or blocks + len(o[4]) > blocks_per_message):
+            parts.append(part)
+            part, blocks = [], 0
+        part.append(o)
+        blocks += len(o[4])
+    if part:
+        parts.append(part)
+    return parts
 
 
 def _valid(raw: Any) -> Outcome | None:

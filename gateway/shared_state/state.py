@@ -12,13 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
@@ -26,10 +22,12 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from gateway.proxy.affinity import Affinity
+from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap
 from gateway.shared_state.config import SharedStateConfig
-from gateway.shared_state.mirror import Mirror, Outcome, decode, encode, outcome_of
+from gateway.shared_state.link import SharedStats, default_process_id
+from gateway.shared_state.mirror import Mirror, Outcome, decode, encode, outcome_of, split
 from gateway.shared_state.scripts import ALL, SHAS, Keys
 from gateway.shared_state.writes import queue_outcomes
 from routing.types import RequestFeatures
@@ -47,45 +45,12 @@ _BLOCKS_PER_MESSAGE = 16_384
 Settle = tuple[str, int, int, int | None]
 
 
-@dataclass(slots=True)
-class SharedStats:
-    """Counters of the link to Redis (read by the metrics at scrape time)."""
-
-    failed_ops: int = 0
-    published: int = 0
-    dropped: int = 0
-    # Writes Redis refused as older than what it held (another process decided later).
-    rejected_stale: int = 0
-    peers: int = 0
-    downs: int = 0
-
-
-def default_process_id() -> str:
-    """host:pid:random: unique even for two gateways in one process (tests, the demo)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
 def _reraise_cancel() -> None:
     # A client library may turn our cancellation into its own error, or (asyncio.wait_for on
     # 3.11) return a result it raced with: never swallow it.
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
-
-
-def _split(outcomes: list[Outcome]) -> list[list[Outcome]]:
-    parts: list[list[Outcome]] = []
-    part: list[Outcome] = []
-    blocks = 0
-    for o in outcomes:
-        if part and (len(part) == _PER_MESSAGE or blocks + len(o[4]) > _BLOCKS_PER_MESSAGE):
-            parts.append(part)
-            part, blocks = [], 0
-        part.append(o)
-        blocks += len(o[4])
-    if part:
-        parts.append(part)
-    return parts
 
 
 class SharedState:
@@ -108,6 +73,7 @@ class SharedState:
         self.up = False
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[Settle] = deque(maxlen=cfg.max_pending)
+        self._ejections: deque[Ejection] = deque(maxlen=cfg.max_pending)
         self._has_pending = asyncio.Event()
         self._up = asyncio.Event()
         self._subscribed = asyncio.Event()
@@ -139,6 +105,12 @@ class SharedState:
             self.stats.dropped += 1
         pending.append((time.time(), features, replica))
         if not self._has_pending.is_set():
+            self._has_pending.set()
+
+    def queue_ejection(self, ejection: Ejection) -> None:
+        """The pool's hook: this process ejected a replica; the others eject it too."""
+        if self.up:
+            self._ejections.append(ejection)
             self._has_pending.set()
 
     def queue_settle(self, settle: Settle) -> None:
@@ -299,15 +271,16 @@ class SharedState:
 
     async def _flush(self) -> None:
         outcomes = self._drain()
-        settles = list(self._settles)
+        settles, ejections = list(self._settles), list(self._ejections)
         self._settles.clear()
-        if not outcomes and not settles:
+        self._ejections.clear()
+        if not outcomes and not settles and not ejections:
             return
         keys = self.keys
         pipe = self.redis.pipeline(transaction=False)
-        messages = _split(outcomes)
-        for part in messages:
-            pipe.publish(keys.channel, encode(self.process_id, part))
+        messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(ejections)
+        for n, part in enumerate(messages):
+            pipe.publish(keys.channel, encode(self.process_id, part, ejections if n == 0 else ()))
         merges = queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
         for tenant, tpm, reserved, used in settles:
             pipe.evalsha(
@@ -390,12 +363,14 @@ class SharedState:
 
     def _on_message(self, data: bytes) -> None:
         try:
-            origin, raws = decode(data)
+            origin, raws, ejections = decode(data)
         except ValueError:
             self.mirror.stats.malformed += 1
             return
         if origin != self.process_id:
             self.mirror.apply_raw(raws)
+            for ejection in ejections:
+                self.pool.adopt_ejection(ejection)
 
     def stats_row(self) -> dict[str, float]:
         """Gauges and counters for the metrics."""

@@ -247,3 +247,19 @@ def test_bad_outlier_config_is_refused(table: dict[str, object], message: str) -
     with pytest.raises((ConfigError, ValueError)) as info:
         parse_config({"outlier": table})
     assert message in str(info.value)
+
+
+def test_a_peers_ejection_is_adopted_for_its_duration_within_this_processs_caps() -> None:
+    p = policy(max_ejected_share=0.25)  # 1 of 4 at once
+    peer = Ejection("r1", "consecutive_failures", 60.0, 0.0, 2)
+    mine = p.adopt("r1", 10.0, peer, others_routable=3)
+    assert mine == Ejection("r1", "consecutive_failures", 60.0, 70.0, 2)
+    assert p.ejected("r1") and p.adopt("r1", 11.0, peer, others_routable=3) is None
+    # The cap holds for adopted ejections too, and the last routable replica stays.
+    assert p.adopt("r2", 11.0, peer, others_routable=3) is None
+    assert policy().adopt("r2", 0.0, peer, others_routable=0) is None
+    assert p.tick(69.9) == ([], []) and p.tick(70.0)[0] == ["r1"]
+    # Its next local ejection counts on from the peer's: 30 s x 3.
+    [again] = fail(p, "r1", 71.0, times=3)
+    assert (again.count, again.duration_s) == (3, 90.0)
+    assert policy().adopt("nobody", 0.0, peer, others_routable=3) is None

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_hash
-from gateway.shared_state.mirror import outcome_of
-from gateway.shared_state.state import _split
+from gateway.shared_state.mirror import outcome_of, split
 
 
 def test_an_older_write_is_refused_a_later_one_taken() -> None:
@@ -40,7 +39,7 @@ def test_sessions_by_their_hash() -> None:
 def test_a_burst_is_split_into_bounded_messages() -> None:
     outcomes = [outcome_of(i, "r", i, None, tuple(range(1000)), 1024) for i in range(40)]
     outcomes += [outcome_of(40 + i, "r", i, None, (), 1024) for i in range(600)]
-    parts = _split(outcomes)
+    parts = split(outcomes, 256, 16_384)
     assert [o for part in parts for o in part] == outcomes  # all of them, in order
     assert all(len(p) <= 256 and sum(len(o[4]) for o in p) <= 16_384 for p in parts)
     assert [len(p) for p in parts] == [16, 16, 256, 256, 96]  # 8 large + 248 small in the 3rd

@@ -55,9 +55,12 @@ async def test_redis_restarted_empty_under_load(
         sessions = b.runtime.affinity.sessions
         await eventually(lambda: sessions.get("after", time.monotonic()) == first, what="mirror")
         assert await routed(b, chat("after", 2), {"x-session-id": "after"}) == (first, "session")
+        downs = shared(a).stats.downs + shared(b).stats.downs
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("shared state down" in m for m in messages) == 2  # one line per process
-    assert sum("shared state up again" in m for m in messages) == 2
+    # One line per outage and process, however many failed calls each outage had (a loaded
+    # machine may time out one more call after the restart: a second, short outage).
+    assert downs >= 2 and sum("shared state down" in m for m in messages) == downs
+    assert sum("shared state up again" in m for m in messages) == downs
 
 
 KEY = "sk-acme"
@@ -141,8 +144,11 @@ async def test_a_dead_gateways_quota_slots_and_lease_expire(
         # A dies: no goodbye to Redis, its requests still open.
         shared(a).abandon()
         died = time.monotonic()
+        # Up, too: B going down (a slow beat on a loaded machine) also reads as 0 in flight.
         await eventually(
-            lambda: sum(r.remote_in_flight for r in pool_b) == 0, what="lease", timeout=lease + 1
+            lambda: shared(b).up and sum(r.remote_in_flight for r in pool_b) == 0,
+            what="lease",
+            timeout=lease + 1,
         )
         assert time.monotonic() - died < lease + 0.5
         assert sum(r.in_flight for r in a.runtime.pool) == 2  # still running at A
