@@ -64,7 +64,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import uvloop
 
 from benchmarks import loadgen_grpc, overhead_wrk
@@ -90,6 +89,7 @@ from benchmarks.overhead_report import (
     markdown_table,
     render_markdown,
     rounds_json,
+    write_results,
 )
 from benchmarks.routing_bench.peers import CATALOGUE
 from benchmarks.static_upstream import MODEL
@@ -378,10 +378,8 @@ async def measure(p: Params) -> dict[str, Any]:
 
 def write_outputs(results: dict[str, Any], out: Path) -> None:
     """results.json and report.md under `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
     schema = __doc__.split("results.json schema:", 1)[1] if __doc__ else ""
-    (out / "report.md").write_text(render_markdown(results, schema))
+    write_results(results, out, render_markdown(results, schema))
 
 
 def run(args: argparse.Namespace) -> int:

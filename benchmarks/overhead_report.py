@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import orjson
 
 from benchmarks.loadgen_http import RoundResult
 
@@ -80,61 +83,119 @@ def round_figures(m: Measured) -> dict[str, float]:
     return fig
 
 
-def _median(values: Sequence[float], digits: int) -> float:
+def median(values: Sequence[float], digits: int = 3) -> float:
+    """The median rounded to `digits` (0.0 when empty)."""
     return round(statistics.median(values), digits) if values else 0.0
+
+
+class _Round(Protocol):
+    """What pairing needs of one round of one target in one cell, whichever harness ran it."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def round(self) -> int: ...
+
+
+R = TypeVar("R", bound=_Round)
+Cell = tuple[str, int, bool]  # target, concurrency, stream
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """One cell's per-round figures beside those of the direct rounds interleaved with them."""
+
+    figs: dict[int, dict[str, float]]
+    direct: dict[int, dict[str, float]]
+
+    def med(self, key: str, digits: int = 3) -> float:
+        """The median over rounds of one figure."""
+        return median([f[key] for f in self.figs.values()], digits)
+
+    def added(self, key: str) -> float:
+        """The median of per-round differences against the direct round of the same round."""
+        return median(
+            [f[key] - self.direct[i][key] for i, f in self.figs.items() if i in self.direct]
+        )
+
+    def rps_ratio(self) -> float:
+        """The median of per-round req/s divided by the direct round's."""
+        d = self.direct
+        return median(
+            [f["rps"] / d[i]["rps"] for i, f in self.figs.items() if i in d and d[i]["rps"] > 0]
+        )
+
+
+def paired_cells(
+    rounds: Iterable[R], figures: Callable[[R], dict[str, float]]
+) -> list[tuple[Cell, dict[int, R], Paired]]:
+    """The rounds by cell (first seen first), each cell's figures paired with its direct's."""
+    cells: dict[Cell, dict[int, R]] = {}
+    for r in rounds:
+        cells.setdefault((r.target, r.concurrency, r.stream), {})[r.round] = r
+    out: list[tuple[Cell, dict[int, R], Paired]] = []
+    for cell, by_round in cells.items():
+        direct = cells.get((DIRECT, cell[1], cell[2]), {})
+        figs = Paired(
+            {i: figures(r) for i, r in by_round.items()}, {i: figures(r) for i, r in direct.items()}
+        )
+        out.append((cell, by_round, figs))
+    return out
+
+
+class _Counts(Protocol):
+    """A round's completed and failed requests, whichever harness counted them."""
+
+    @property
+    def requests(self) -> int: ...
+    @property
+    def errors(self) -> int: ...
+
+
+def base_row(cell: Cell, results: Sequence[_Counts], p: Paired) -> dict[str, Any]:
+    """The figures every harness's row has: the cell, counts summed, medians, paired to direct."""
+    target, conc, stream = cell
+    return {
+        "target": target,
+        "concurrency": conc,
+        "stream": stream,
+        "rounds": len(results),
+        "requests": sum(r.requests for r in results),
+        "errors": sum(r.errors for r in results),
+        "rps": p.med("rps", 1),
+        "p50_ms": p.med("p50_ms"),
+        "p99_ms": p.med("p99_ms"),
+        "added_p50_ms": p.added("p50_ms"),
+        "added_p99_ms": p.added("p99_ms"),
+        "rps_ratio_vs_direct": p.rps_ratio(),
+        "cpu_us_per_request": p.med("cpu_us_per_request", 1),
+        "upstream_cpu_us_per_request": p.med("upstream_cpu_us_per_request", 1),
+    }
 
 
 def build_rows(measured: Sequence[Measured]) -> list[dict[str, Any]]:
     """One row per (target, concurrency, stream): medians over rounds, gateway paired to direct."""
-    cells: dict[tuple[str, int, bool], dict[int, Measured]] = {}
-    for m in measured:
-        cells.setdefault((m.target, m.concurrency, m.stream), {})[m.round] = m
     rows: list[dict[str, Any]] = []
-    for (target, conc, stream), by_round in cells.items():
-        figs = {i: round_figures(m) for i, m in by_round.items()}
-        direct = cells.get((DIRECT, conc, stream), {})
-        dfigs = {i: round_figures(m) for i, m in direct.items()}
-        paired = [i for i in figs if i in dfigs]
-
-        def med(key: str, digits: int = 3, figs: dict[int, dict[str, float]] = figs) -> float:
-            return _median([f[key] for f in figs.values()], digits)
-
-        def added(
-            key: str,
-            figs: dict[int, dict[str, float]] = figs,
-            dfigs: dict[int, dict[str, float]] = dfigs,
-            paired: list[int] = paired,
-        ) -> float:
-            return _median([figs[i][key] - dfigs[i][key] for i in paired], 3)
-
-        ratios = [figs[i]["rps"] / dfigs[i]["rps"] for i in paired if dfigs[i]["rps"] > 0]
+    for (target, conc, stream), by_round, p in paired_cells(measured, round_figures):
+        results = [m.result for m in by_round.values()]
         row: dict[str, Any] = {
-            "target": target,
-            "concurrency": conc,
-            "stream": stream,
-            "rounds": len(by_round),
-            "requests": sum(m.result.requests for m in by_round.values()),
-            "errors": sum(m.result.errors for m in by_round.values()),
-            "error_kinds": _merge_kinds(m.result.error_kinds for m in by_round.values()),
-            "rps": med("rps", 1),
-            "p50_ms": med("p50_ms"),
-            "p99_ms": med("p99_ms"),
-            "added_p50_ms": added("p50_ms"),
-            "added_p99_ms": added("p99_ms"),
-            "rps_ratio_vs_direct": _median(ratios, 3),
-            "cpu_us_per_request": med("cpu_us_per_request", 1),
-            "upstream_cpu_us_per_request": med("upstream_cpu_us_per_request", 1),
-            "loadgen_cpu_us_per_request": med("loadgen_cpu_us_per_request", 1),
-            "gateway_cpu_util": med("gateway_cpu_util"),
-            "upstream_cpu_util": med("upstream_cpu_util"),
-            "loadgen_cpu_util": med("loadgen_cpu_util"),
-            "chunks_per_s": med("chunks_per_s", 0) if stream else None,
+            **base_row((target, conc, stream), results, p),
+            "error_kinds": _merge_kinds(r.error_kinds for r in results),
+            "loadgen_cpu_us_per_request": p.med("loadgen_cpu_us_per_request", 1),
+            "gateway_cpu_util": p.med("gateway_cpu_util"),
+            "upstream_cpu_util": p.med("upstream_cpu_util"),
+            "loadgen_cpu_util": p.med("loadgen_cpu_util"),
+            "chunks_per_s": p.med("chunks_per_s", 0) if stream else None,
             # gRPC has messages, not HTTP/1.1 chunks: its HTTP/2 frames are not counted.
             "http_chunks_per_s": (
-                med("http_chunks_per_s", 0) if stream and target != GATEWAY_GRPC else None
+                p.med("http_chunks_per_s", 0) if stream and target != GATEWAY_GRPC else None
             ),
-            "ttfc_p50_ms": med("ttfc_p50_ms") if stream else None,
-            "added_ttfc_p50_ms": added("ttfc_p50_ms") if stream else None,
+            "ttfc_p50_ms": p.med("ttfc_p50_ms") if stream else None,
+            "added_ttfc_p50_ms": p.added("ttfc_p50_ms") if stream else None,
         }
         rows.append(row)
     rows.sort(key=lambda r: (r["stream"], r["concurrency"], _ORDER.get(r["target"], 9)))
@@ -195,7 +256,8 @@ def rounds_json(measured: Sequence[Measured]) -> list[dict[str, Any]]:
     ]
 
 
-def _cell(value: Any) -> str:
+def cell(value: Any) -> str:
+    """One table cell: "-" for None, yes/no, floats to three significant figures or so."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -228,15 +290,34 @@ _COLUMNS = (
 )
 
 
-def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The rows as one Markdown table."""
+def markdown_table(
+    rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]] = _COLUMNS
+) -> str:
+    """The rows as one Markdown table of `columns` (row key, title)."""
     lines = [
-        "| " + " | ".join(title for _, title in _COLUMNS) + " |",
-        "|" + "---|" * len(_COLUMNS),
+        "| " + " | ".join(title for _, title in columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     for r in rows:
-        lines.append("| " + " | ".join(_cell(r[key]) for key, _ in _COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(r[key]) for key, _ in columns) + " |")
     return "\n".join(lines)
+
+
+def targets_table(targets: Sequence[dict[str, Any]]) -> list[str]:
+    """The targets as a Markdown table: goal (with its unit, where it has one), value, verdict."""
+    lines = ["| target | goal | measured | result |", "|---|---|---|---|"]
+    for t in targets:
+        verdict = {True: "pass", False: "**miss**", None: "not measured"}[t["passed"]]
+        goal = " ".join([t["comparison"], cell(t["threshold"]), *filter(None, [t.get("unit")])])
+        lines.append(f"| {t['name']} | {goal} | {cell(t['value'])} | {verdict} |")
+    return lines
+
+
+def write_results(results: dict[str, Any], out: Path, report: str) -> None:
+    """results.json and report.md (`report`) under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+    (out / "report.md").write_text(report)
 
 
 def peers_markdown(peers: Sequence[dict[str, Any]]) -> list[str]:
@@ -255,7 +336,7 @@ def peers_markdown(peers: Sequence[dict[str, Any]]) -> list[str]:
         status = status if len(status) <= _STATUS_CHARS else status[: _STATUS_CHARS - 1] + "…"
         lines.append(
             f"| {peer['name']} | {peer['version'] or '-'} | {status} "
-            f"| {_cell(peer['events_per_answer'])} |"
+            f"| {cell(peer['events_per_answer'])} |"
         )
     return [*lines, ""]
 
@@ -298,14 +379,7 @@ def render_markdown(results: dict[str, Any], schema_doc: str) -> str:
         *peers_markdown(results["peers"]),
         "## Targets",
         "",
-        "| target | goal | measured | result |",
-        "|---|---|---|---|",
+        *targets_table(results["targets"]),
     ]
-    for t in results["targets"]:
-        verdict = {True: "pass", False: "**miss**", None: "not measured"}[t["passed"]]
-        parts.append(
-            f"| {t['name']} | {t['comparison']} {_cell(t['threshold'])} {t['unit']} "
-            f"| {_cell(t['value'])} | {verdict} |"
-        )
     parts += ["", "## results.json", "", schema_doc.strip(), ""]
     return "\n".join(parts)

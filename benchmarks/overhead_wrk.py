@@ -29,8 +29,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from benchmarks.nginx_upstream import Nginx, nginx
 from benchmarks.overhead_procs import (
     PeerRun,
@@ -44,6 +42,7 @@ from benchmarks.overhead_procs import (
     peer_routers,
     wait_ready,
 )
+from benchmarks.overhead_report import write_results
 from benchmarks.overhead_wrk_report import (
     DIRECT,
     RUST_PEERS,
@@ -275,18 +274,11 @@ def params_from_args(args: argparse.Namespace) -> WrkParams:
     )  # fmt: skip
 
 
-def write_outputs(results: dict[str, Any], out: Path) -> None:
-    """results.json and report.md under `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
-    (out / "report.md").write_text(markdown(results))
-
-
 def run(args: argparse.Namespace) -> int:
     """`bench overhead --harness wrk`: 0 when every request succeeded."""
     p = params_from_args(args)
     results = asyncio.run(measure(p))
-    write_outputs(results, p.out)
+    write_results(results, p.out, markdown(results))
     print(markdown(results))
     print(f"wrote {p.out / 'results.json'} and {p.out / 'report.md'}")
     return 0 if sum(r["errors"] for r in results["rows"]) == 0 else 1

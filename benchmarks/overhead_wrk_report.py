@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.overhead_report import DIRECT as DIRECT  # the harnesses share the name
+from benchmarks.overhead_report import base_row, markdown_table, paired_cells, targets_table
 from benchmarks.wrk_load import WrkResult
 
-DIRECT = "direct"
 RUST_PEERS = ("vllm-router:round_robin", "sglang:round_robin")
 
 
@@ -29,10 +29,6 @@ class WrkRound:
     others_cpu_s: float = 0.0
     # CPU the hypervisor gave to other guests while this machine wanted it (/proc/stat steal).
     steal_s: float = 0.0
-
-
-def _median(values: Sequence[float], digits: int = 3) -> float:
-    return round(statistics.median(values), digits) if values else 0.0
 
 
 def round_figures(r: WrkRound, chunks: int) -> dict[str, float]:
@@ -58,54 +54,19 @@ def round_figures(r: WrkRound, chunks: int) -> dict[str, float]:
 
 def build_rows(rounds: Sequence[WrkRound], chunks: int) -> list[dict[str, Any]]:
     """One row per (target, concurrency, stream): medians, added figures paired to direct."""
-    cells: dict[tuple[str, int, bool], dict[int, WrkRound]] = {}
-    order: list[str] = []
-    for r in rounds:
-        cells.setdefault((r.target, r.concurrency, r.stream), {})[r.round] = r
-        if r.target not in order:
-            order.append(r.target)
+    order = list(dict.fromkeys(r.target for r in rounds))
     rows: list[dict[str, Any]] = []
-    for (target, conc, stream), by_round in cells.items():
-        figs = {i: round_figures(r, chunks) for i, r in by_round.items()}
-        dfigs = {
-            i: round_figures(r, chunks) for i, r in cells.get((DIRECT, conc, stream), {}).items()
-        }
-        paired = [i for i in figs if i in dfigs]
-
-        def med(key: str, digits: int = 3, figs: dict[int, dict[str, float]] = figs) -> float:
-            return _median([f[key] for f in figs.values()], digits)
-
-        def added(
-            key: str,
-            figs: dict[int, dict[str, float]] = figs,
-            dfigs: dict[int, dict[str, float]] = dfigs,
-            paired: list[int] = paired,
-        ) -> float:
-            return _median([figs[i][key] - dfigs[i][key] for i in paired])
-
-        ratios = [figs[i]["rps"] / dfigs[i]["rps"] for i in paired if dfigs[i]["rps"] > 0]
+    cells = paired_cells(rounds, lambda r: round_figures(r, chunks))
+    for (target, conc, stream), by_round, p in cells:
         rows.append(
             {
-                "target": target,
-                "concurrency": conc,
-                "stream": stream,
-                "rounds": len(by_round),
-                "requests": sum(r.wrk.requests for r in by_round.values()),
-                "errors": sum(r.wrk.errors for r in by_round.values()),
-                "rps": med("rps", 1),
-                "p50_ms": med("p50_ms"),
-                "p90_ms": med("p90_ms"),
-                "p99_ms": med("p99_ms"),
-                "added_p50_ms": added("p50_ms"),
-                "added_p99_ms": added("p99_ms"),
-                "rps_ratio_vs_direct": _median(ratios),
-                "cpu_us_per_request": med("cpu_us_per_request", 1),
-                "upstream_cpu_us_per_request": med("upstream_cpu_us_per_request", 1),
-                "cpu_util": med("cpu_util"),
-                "wrk_cpu_util": med("wrk_cpu_util"),
-                "others_cpu_util": med("others_cpu_util"),
-                "steal_util": med("steal_util"),
-                "chunks_per_s": med("chunks_per_s", 0) if stream else None,
+                **base_row((target, conc, stream), [r.wrk for r in by_round.values()], p),
+                "p90_ms": p.med("p90_ms"),
+                "cpu_util": p.med("cpu_util"),
+                "wrk_cpu_util": p.med("wrk_cpu_util"),
+                "others_cpu_util": p.med("others_cpu_util"),
+                "steal_util": p.med("steal_util"),
+                "chunks_per_s": p.med("chunks_per_s", 0) if stream else None,
             }
         )
     rows.sort(key=lambda r: (r["stream"], r["concurrency"], order.index(r["target"])))
@@ -161,16 +122,6 @@ _COLUMNS = (
 )  # fmt: skip
 
 
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
-    return str(v)
-
-
 def _builds(gateways: list[list[Any]]) -> str:
     """`name (tree, N workers)` for each gateway build of the run."""
     return ", ".join(f"{g[0]} ({g[1]}, {g[2] if len(g) > 2 else 1} worker(s))" for g in gateways)
@@ -193,9 +144,7 @@ def markdown(results: dict[str, Any]) -> str:
         "hypervisor gave other guests (/proc/stat).",
         f"- Gateway builds: {_builds(p['gateways'])}",
         "",
-        "| " + " | ".join(t for _, t in _COLUMNS) + " |",
-        "|" + "---|" * len(_COLUMNS),
-        *("| " + " | ".join(_cell(r[k]) for k, _ in _COLUMNS) + " |" for r in results["rows"]),
+        markdown_table(results["rows"], _COLUMNS),
         "",
         "## Peers",
         "",
@@ -206,13 +155,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "## Targets (issue 17)",
         "",
-        "| target | goal | measured | result |",
-        "|---|---|---|---|",
+        *targets_table(results["targets"]),
+        "",
     ]
-    for t in results["targets"]:
-        verdict = {True: "pass", False: "**miss**", None: "not measured"}[t["passed"]]
-        lines.append(
-            f"| {t['name']} | {t['comparison']} {_cell(t['threshold'])} | {_cell(t['value'])} "
-            f"| {verdict} |"
-        )
-    return "\n".join([*lines, ""])
+    return "\n".join(lines)

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from gateway.replicas.gpu import NvmlUnavailable, open_nvml, read_nvml
+
 log = logging.getLogger("llm_gateway.agent")
 
 # The admin key is read from the environment, never from the command line (`ps` shows that).
@@ -50,23 +52,12 @@ class NvmlReader:
 
     def __init__(self) -> None:
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
-            raise AgentError(f"NVML unavailable: {type(exc).__name__}: {exc}") from None
-        self._nvml: Any = pynvml
+            self._nvml = open_nvml()
+        except NvmlUnavailable as exc:
+            raise AgentError(f"NVML unavailable: {exc}") from None
 
     def read(self, indices: tuple[int, ...]) -> GpuSample:
-        nv = self._nvml
-        used = total = 0
-        util = 0.0
-        for i in indices:
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
-            mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            used, total = used + int(mem.used), total + int(mem.total)
-            util += nv.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-        return GpuSample(used, total, util / len(indices))
+        return GpuSample(*read_nvml(self._nvml, indices))
 
 
 @dataclass(frozen=True, slots=True)

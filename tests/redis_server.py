@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
-from benchmarks.system_deps import which
-
-
-def redis_binary() -> str:
-    """redis-server's path; skips the test without it, fails it in CI (nothing skips there)."""
-    found = which("redis-server")
-    if found is None:
-        message = "redis-server is not installed (python -m benchmarks.vllm_cpu prepare)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+from tests.system_programs import program
 
 
 def _free_port() -> int:
@@ -45,7 +31,7 @@ class RedisServer:
     """One redis-server process; `restart` brings it back empty on the same port."""
 
     def __init__(self, directory: Path) -> None:
-        self.binary = redis_binary()
+        self.binary = program("redis-server")
         self.dir = directory
         self.port = _free_port()
         self._proc: subprocess.Popen[bytes] | None = None

@@ -67,6 +67,33 @@ def _gpu_figures(data: Mapping[str, Any]) -> tuple[float, float]:
     return used / total, float(util)
 
 
+class NvmlUnavailable(Exception):
+    """No NVML here (no library, or no driver); the message says which."""
+
+
+def open_nvml() -> Any:
+    """The pynvml module, initialised; NvmlUnavailable when the host has none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+        raise NvmlUnavailable(f"{type(exc).__name__}: {exc}") from None
+    return pynvml
+
+
+def read_nvml(nv: Any, indices: tuple[int, ...]) -> tuple[int, int, float]:
+    """Bytes used, bytes in all and mean utilisation (0..1) over the devices (blocking)."""
+    used = total = 0
+    util = 0.0
+    for i in indices:
+        handle = nv.nvmlDeviceGetHandleByIndex(i)
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        used, total = used + int(mem.used), total + int(mem.total)
+        util += nv.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+    return used, total, util / len(indices)
+
+
 class Nvml:
     """NVML when a driver is present; `available` False (and one log line) otherwise."""
 
@@ -74,27 +101,16 @@ class Nvml:
         self.available = False
         self.reason = ""
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nvml: Any = pynvml
+            self._nvml = open_nvml()
             self.available = True
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
-            self.reason = f"{type(exc).__name__}: {exc}"
+        except NvmlUnavailable as exc:
+            self.reason = str(exc)
             log.info("NVML unavailable (%s); GPU scores fall back to vLLM metrics", self.reason)
 
     def read(self, indices: tuple[int, ...]) -> tuple[float, float]:
         """(memory used fraction, utilisation 0..1) over the given devices."""
-        nv = self._nvml
-        used = total = 0
-        util = 0.0
-        for i in indices:
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
-            mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            used += mem.used
-            total += mem.total
-            util += nv.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-        return used / total, util / len(indices)
+        used, total, util = read_nvml(self._nvml, indices)
+        return used / total, util
 
     async def run(self, pool: ReplicaPool) -> None:
         """Sample every replica that names its GPUs, forever (cancelled by the owner)."""

@@ -11,7 +11,7 @@ reports that no replica fits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
@@ -32,25 +32,31 @@ class Params:
             raise ValueError("value needs a key")
 
 
+def with_labels(
+    replicas: Sequence[ReplicaSnapshot], labels: Mapping[str, str]
+) -> list[ReplicaSnapshot]:
+    """The replicas whose labels include every one of `labels` (key and value)."""
+    items = labels.items()
+    return [r for r in replicas if all(r.labels.get(k) == v for k, v in items)]
+
+
 class Label:
     """Keeps replicas matching the configured label and the request's hints."""
 
-    __slots__ = ("_p",)
+    __slots__ = ("_p", "_required")
 
     def __init__(self, params: Params) -> None:
         self._p = params
+        self._required = {params.key: params.value} if params.key else {}
 
     def filter(
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]
     ) -> Sequence[ReplicaSnapshot]:
         p = self._p
-        kept = replicas
-        if p.key:
-            kept = [r for r in kept if r.labels.get(p.key) == p.value]
+        kept = with_labels(replicas, self._required) if self._required else replicas
         hints = request.hints
         if p.use_hints and hints and kept:
-            items = hints.items()
-            matching = [r for r in kept if all(r.labels.get(k) == v for k, v in items)]
+            matching = with_labels(kept, hints)
             if matching or p.hints_required:
                 kept = matching
         return kept

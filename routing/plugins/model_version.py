@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory
+from routing.plugins.label import with_labels
 from routing.types import ReplicaSnapshot, RequestFeatures
 
 
@@ -33,10 +34,7 @@ class ModelVersion:
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]
     ) -> Sequence[ReplicaSnapshot]:
         wanted = request.version_labels
-        if not wanted:
-            return replicas
-        items = wanted.items()
-        return [r for r in replicas if all(r.labels.get(k) == v for k, v in items)]
+        return with_labels(replicas, wanted) if wanted else replicas
 
 
 FACTORY = PluginFactory(__name__, __doc__, "filter", Params, ModelVersion)

@@ -13,9 +13,8 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig, ReplicaConfig, RoutingConfig
+from gateway.config import GatewayConfig, ReplicaConfig
 from gateway.process import running_gateway
-from routing import PluginSpec, ProfileSpec
 from simulator import SimConfig, SimFleet
 from tests.deploy.manifests import (
     Exposition,
@@ -29,27 +28,12 @@ from tests.deploy.manifests import (
     pod_specs,
     prometheus_queries,
 )
-from tests.gateway.conftest import eventually
+from tests.gateway.conftest import ONE_EACH, eventually, hold, holding
 
 ALL = kustomizations()
 IDS = [k.name for k in ALL]
 # Labels Prometheus adds to every scraped series (target labels), not the gateway.
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "service", "endpoint", "container"}
-# One request in flight per replica: a third concurrent one waits in the admission queue.
-ONE_EACH = RoutingConfig(
-    profile="one_each",
-    profiles={
-        "one_each": ProfileSpec(
-            filters=(
-                PluginSpec("healthy"),
-                PluginSpec("serves_model"),
-                PluginSpec("saturation", params={"max_in_flight": 1}),
-            ),
-            scorers=(PluginSpec("least_inflight"),),
-            picker=PluginSpec("max_score"),
-        )
-    },
-)
 
 
 def _model(k: Kustomization) -> str:
@@ -85,17 +69,6 @@ def missing(exposition: Exposition, query: str) -> list[str]:
     return problems
 
 
-async def _hold(
-    c: httpx.AsyncClient, body: dict[str, object], started: list[int], release: asyncio.Event
-) -> None:
-    async with c.stream("POST", "/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        started.append(1)  # a status line means the first token came: TTFT is observed
-        async for _ in r.aiter_raw():
-            if release.is_set():
-                return
-
-
 @pytest.mark.parametrize("k", ALL, ids=IDS)
 async def test_deployed_config_serves_probes_and_every_queried_metric(k: Kustomization) -> None:
     model = _model(k)
@@ -111,15 +84,8 @@ async def test_deployed_config_serves_probes_and_every_queried_metric(k: Kustomi
             assert r.status_code == 200, probe
 
         release = asyncio.Event()
-        hold = {
-            "model": model,
-            "messages": [{"role": "user", "content": "hold this slot"}],
-            "max_tokens": 2000,
-            "ignore_eos": True,
-            "stream": True,
-        }
-        started: list[int] = []
-        holders = [asyncio.create_task(_hold(c, hold, started, release)) for _ in fleet.replicas]
+        body, started = holding(2000, model), list[int]()
+        holders = [asyncio.create_task(hold(c, body, release, started)) for _ in fleet.replicas]
         await eventually(lambda: len(started) == len(fleet.replicas), what="every replica busy")
         quick = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         waiting = asyncio.create_task(c.post("/v1/chat/completions", json=quick))

@@ -19,12 +19,14 @@ from gateway.config import (
     GatewayConfig,
     HealthCheckConfig,
     ReplicaConfig,
+    RoutingConfig,
     ServerConfig,
     UpstreamConfig,
 )
 from gateway.http.app import GatewayApp
 from gateway.process import RunningGateway, running_gateway
 from gateway.runtime import Runtime
+from routing import PluginSpec, ProfileSpec
 from simulator import SimConfig, SimFleet
 
 MODEL = "sim-llama-3-8b"
@@ -37,6 +39,47 @@ STORY = {
     "messages": [{"role": "user", "content": "Tell me a story"}],
     "max_tokens": 8,
 }
+
+
+def one_in_flight(
+    picker: PluginSpec, scorers: tuple[PluginSpec, ...] = (), name: str = "one_each"
+) -> RoutingConfig:
+    """A profile holding each replica to one request in flight: with all busy, the next queues."""
+    saturation = PluginSpec("saturation", params={"max_in_flight": 1})
+    filters = (PluginSpec("healthy"), PluginSpec("serves_model"), saturation)
+    spec = ProfileSpec(picker=picker, filters=filters, scorers=scorers, name=name)
+    return RoutingConfig(profile=name, profiles={name: spec})
+
+
+# One request in flight per replica, least loaded first: of three at once on two, one queues.
+ONE_EACH = one_in_flight(PluginSpec("max_score"), (PluginSpec("least_inflight"),))
+
+
+def holding(max_tokens: int, model: str = MODEL) -> dict[str, object]:
+    """A streamed chat that holds its replica's slot for `max_tokens` tokens (no early EOS)."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hold this slot"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+async def hold(
+    c: httpx.AsyncClient,
+    body: dict[str, object],
+    release: asyncio.Event,
+    started: list[int] | None = None,
+) -> None:
+    """Stream `body` (see `holding`) until `release` is set; `started` gets a 1 at its head."""
+    async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        if started is not None:
+            started.append(1)  # a status line means the first token came: TTFT is observed
+        async for _ in r.aiter_raw():
+            if release.is_set():
+                return
 
 
 async def eventually(

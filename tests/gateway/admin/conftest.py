@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
 from gateway.config import GatewayConfig, HealthCheckConfig, RoutingConfig, ServerConfig
+from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.state import ReplicaState
 from simulator import SimFleet
-from tests.gateway.conftest import SIM, gateway_config
+from tests.gateway.conftest import SIM, eventually, gateway_config
 
 # About 2 ms a token: a 60-token stream stays open ~0.15 s.
 SLOW = replace(SIM, time_scale=4.0)
@@ -39,3 +41,13 @@ def fleet_config(fleet: SimFleet, first: int = 2, **overrides: object) -> Gatewa
 def started(replica: ReplicaState) -> int:
     """Requests ever routed to `replica`: finished plus open."""
     return replica.requests_total + replica.in_flight
+
+
+@contextlib.asynccontextmanager
+async def removed_while_busy(pool: ReplicaPool, name: str) -> AsyncIterator[None]:
+    """The body makes `name` leave discovery's answer once streams run on it: drained, removed."""
+    await eventually(lambda: pool[name].in_flight > 0, what=f"streams on {name}")
+    leaving = pool[name]
+    yield
+    await eventually(lambda: name not in pool.replicas, 15.0, f"{name} removed")
+    assert leaving.drained and leaving.in_flight == 0

@@ -22,41 +22,33 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 
-from benchmarks.system_deps import which
 from gateway.admin.dashboard_summary import quantile
-from gateway.config import GatewayConfig, ReplicaConfig, RoutingConfig, ServerConfig
+from gateway.config import GatewayConfig, ReplicaConfig, ServerConfig
 from gateway.http.app import GatewayApp
 from gateway.process import RunningGateway, running_gateway
 from gateway.runtime import Runtime
-from routing import PluginSpec, ProfileSpec
+from routing import PluginSpec
 from simulator import SimFleet
 from tests.gateway.admin.conftest import ADMIN_KEY, API_KEY
-from tests.gateway.conftest import MODEL, SIM, STORY, eventually, gateway_config, set_faults
+from tests.gateway.conftest import (
+    MODEL,
+    SIM,
+    STORY,
+    eventually,
+    gateway_config,
+    hold,
+    holding,
+    one_in_flight,
+    set_faults,
+)
+from tests.system_programs import program
 
 # In turn (every replica gets decisions), one request in flight each: with every replica
 # holding a stream, the next request queues.
-ONE_EACH = RoutingConfig(
-    profile="one_each",
-    profiles={
-        "one_each": ProfileSpec(
-            filters=(
-                PluginSpec("healthy"),
-                PluginSpec("serves_model"),
-                PluginSpec("saturation", params={"max_in_flight": 1}),
-            ),
-            picker=PluginSpec("round_robin"),
-        )
-    },
-)
+ONE_EACH = one_in_flight(PluginSpec("round_robin"))
 # 4.5 ms a token: a held stream lasts ~18 s unless released, a short answer ~40 ms.
 HELD = replace(SIM, time_scale=2.0)
-HOLD = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "hold this slot"}],
-    "max_tokens": 4000,
-    "ignore_eos": True,
-    "stream": True,
-}
+HOLD = holding(4000)
 # Rendered as text or not at all: any of it parsed as HTML would add elements or run script.
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
 # No "/" (a path segment), but every other character HTML and URLs treat specially.
@@ -65,20 +57,9 @@ ODD = '<i onclick=x>"a & b" #?%'
 TIMEOUT_MS = 10_000
 
 
-def chromium_binary() -> str:
-    """Debian's chromium; skips the test without it, fails it in CI (nothing skips there)."""
-    found = which("chromium")
-    if found is None:
-        message = "chromium is not installed (python -m benchmarks.vllm_cpu prepare)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
-
-
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
-    path = chromium_binary()
+    path = program("chromium")
     async with async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=path, args=["--no-sandbox"])
         try:
@@ -112,14 +93,6 @@ def row(page: Page, name: str) -> Locator:
     )
 
 
-async def _hold(c: httpx.AsyncClient, release: asyncio.Event) -> None:
-    async with c.stream("POST", "/v1/chat/completions", json=HOLD) as r:
-        assert r.status_code == 200
-        async for _ in r.aiter_raw():
-            if release.is_set():
-                return
-
-
 @contextlib.asynccontextmanager
 async def _gateway(cfg: GatewayConfig) -> AsyncIterator[tuple[RunningGateway, httpx.AsyncClient]]:
     async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
@@ -147,7 +120,7 @@ async def test_page_shows_the_fleet_and_follows_drains(browser: Browser, tmp_pat
             )
             # Every replica busy: the next request waits in the admission queue, on the page.
             release = asyncio.Event()
-            holders = [asyncio.create_task(_hold(c, release)) for _ in range(3)]
+            holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(3)]
             await eventually(lambda: sum(r.in_flight for r in gw.runtime.pool) == 3)
             waiting = asyncio.create_task(c.post("/v1/chat/completions", json=STORY))
             queued = page.locator('#queue tbody tr[data-bucket="le128"] td').nth(2)
@@ -285,16 +258,6 @@ async def test_replica_names_are_rendered_as_text(browser: Browser) -> None:
             await page.close()
 
 
-def test_missing_chromium_fails_in_ci_and_skips_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(f"{__name__}.which", lambda _name: None)
-    monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="chromium is not installed"):
-        chromium_binary()
-    monkeypatch.delenv("CI")
-    with pytest.raises(pytest.skip.Exception):
-        chromium_binary()
-
-
 # --- the page's route and the summary, without a browser ---------------------------------
 
 
@@ -368,7 +331,7 @@ async def test_summary_reports_totals_decisions_latency_queue_and_errors() -> No
         assert duration["count"] == 4 and 0 < duration["p50"] <= duration["p99"]
         # Both replicas busy: the next request waits in the admission queue.
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(r.in_flight for r in gw.runtime.pool) == 2)
         waiting = asyncio.create_task(c.post("/v1/chat/completions", json=STORY))
         assert gw.runtime.admission is not None

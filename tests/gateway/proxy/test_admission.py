@@ -9,44 +9,29 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from gateway.config import AdmissionConfig, RoutingConfig, ScoreLoopConfig
+from gateway.config import AdmissionConfig, ScoreLoopConfig
 from gateway.process import RunningGateway, running_gateway
 from gateway.proxy.admission import Admission
 from routing import (
     Branch,
     Decision,
     NoReplicaError,
-    PluginSpec,
-    ProfileSpec,
     ReplicaSnapshot,
     RequestFeatures,
     Saturated,
 )
 from simulator import SimFleet
-from tests.gateway.conftest import MODEL, eventually, gateway_config, in_flight
-
-# One request in flight per replica: the third concurrent request finds both saturated.
-ONE_EACH = RoutingConfig(
-    profile="one_each",
-    profiles={
-        "one_each": ProfileSpec(
-            filters=(
-                PluginSpec("healthy"),
-                PluginSpec("serves_model"),
-                PluginSpec("saturation", params={"max_in_flight": 1}),
-            ),
-            scorers=(PluginSpec("least_inflight"),),
-            picker=PluginSpec("max_score"),
-        )
-    },
+from tests.gateway.conftest import (
+    MODEL,
+    ONE_EACH,
+    eventually,
+    gateway_config,
+    hold,
+    holding,
+    in_flight,
 )
-HOLD = {
-    "model": MODEL,
-    "messages": [{"role": "user", "content": "hold this slot"}],
-    "max_tokens": 2000,
-    "ignore_eos": True,
-    "stream": True,
-}
+
+HOLD = holding(2000)
 QUICK = {"model": MODEL, "messages": [{"role": "user", "content": "quick"}], "max_tokens": 4}
 
 
@@ -62,14 +47,6 @@ async def _gateway(fleet: SimFleet, **admission: object) -> AsyncIterator[Runnin
         yield gw
 
 
-async def _hold(c: httpx.AsyncClient, release: asyncio.Event) -> None:
-    async with c.stream("POST", "/v1/chat/completions", json=HOLD) as r:
-        assert r.status_code == 200
-        async for _ in r.aiter_raw():
-            if release.is_set():
-                return
-
-
 def _queued(gw: RunningGateway) -> int:
     assert gw.runtime.admission is not None
     return len(gw.runtime.admission.queue)
@@ -78,7 +55,7 @@ def _queued(gw: RunningGateway) -> int:
 async def test_waits_until_a_slot_frees_then_is_served(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
         waiting = asyncio.create_task(c.post("/v1/chat/completions", json=QUICK))
         await eventually(lambda: _queued(gw) == 1, what="request queued")
@@ -100,7 +77,7 @@ async def test_wait_past_deadline_is_429_with_retry_after(fleet: SimFleet) -> No
         httpx.AsyncClient(base_url=gw.url, timeout=30) as c,
     ):
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
         r = await c.post("/v1/chat/completions", json=QUICK)
         assert r.status_code == 429
@@ -114,7 +91,7 @@ async def test_wait_past_deadline_is_429_with_retry_after(fleet: SimFleet) -> No
 async def test_full_queue_is_429_at_once(fleet: SimFleet) -> None:
     async with _gateway(fleet, max_depth=1) as gw, httpx.AsyncClient(base_url=gw.url) as c:
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
         first = asyncio.create_task(c.post("/v1/chat/completions", json=QUICK, timeout=30))
         await eventually(lambda: _queued(gw) == 1, what="first queued")
@@ -128,7 +105,7 @@ async def test_full_queue_is_429_at_once(fleet: SimFleet) -> None:
 async def test_client_leaving_the_queue_frees_its_place(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
         waiting = asyncio.create_task(c.post("/v1/chat/completions", json=QUICK))
         await eventually(lambda: _queued(gw) == 1, what="request queued")

@@ -12,8 +12,8 @@ from gateway.config import AdmissionConfig
 from gateway.proxy.admission import Admission
 from routing import Decision, Saturated
 from simulator import SimFleet
-from tests.gateway.conftest import MODEL, eventually, in_flight
-from tests.gateway.proxy.test_admission import DECISION, FEATURES, QUICK, _gateway, _hold, _queued
+from tests.gateway.conftest import MODEL, eventually, hold, in_flight
+from tests.gateway.proxy.test_admission import DECISION, FEATURES, HOLD, QUICK, _gateway, _queued
 
 
 async def test_two_waiters_with_one_request_id_both_wait_and_are_served() -> None:
@@ -50,7 +50,7 @@ async def test_two_waiters_with_one_request_id_both_wait_and_are_served() -> Non
 async def test_queued_requests_sharing_an_x_request_id_are_all_served(fleet: SimFleet) -> None:
     async with _gateway(fleet) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
         release = asyncio.Event()
-        holders = [asyncio.create_task(_hold(c, release)) for _ in range(2)]
+        holders = [asyncio.create_task(hold(c, HOLD, release)) for _ in range(2)]
         await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
         same = {"x-request-id": "client-id-1"}
         waiting = [

@@ -19,13 +19,13 @@ from gateway.config import (
 from gateway.proxy import pipeline as pipeline_module
 from gateway.proxy.requests import ParsedRequest, parse_request
 from gateway.proxy.upstream import Exchange
-from routing import PluginSpec, ProfileSpec
+from routing import PluginSpec
 from routing.profile import BUILTIN_PROFILES
 from routing.router import Router
 from telemetry.metrics import GatewayMetrics
 from telemetry.tracing import Tracing, TracingSettings
 from tests.gateway.conftest import MODEL as SIM_MODEL
-from tests.gateway.conftest import InProcessGateway, eventually
+from tests.gateway.conftest import InProcessGateway, eventually, one_in_flight
 from tests.gateway.fake_upstream import (
     Answer,
     FakeUpstream,
@@ -51,20 +51,8 @@ SEEDED = RoutingConfig(
 )
 ROUND_ROBIN = RoutingConfig(profile="round_robin")
 # One request at a time per replica: a second concurrent request waits in the admission queue.
-ONE_AT_A_TIME = RoutingConfig(
-    profile="one",
-    profiles={
-        "one": ProfileSpec(
-            filters=(
-                PluginSpec("healthy"),
-                PluginSpec("serves_model"),
-                PluginSpec("saturation", params={"max_in_flight": 1}),
-            ),
-            scorers=(PluginSpec("least_inflight", 2.0),),
-            picker=PluginSpec("max_score", params={"seed": 0}),
-            name="one",
-        )
-    },
+ONE_AT_A_TIME = one_in_flight(
+    PluginSpec("max_score", params={"seed": 0}), (PluginSpec("least_inflight", 2.0),), "one"
 )
 
 
