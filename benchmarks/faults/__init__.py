@@ -25,4 +25,13 @@ results.json:
   in-flight or queue not back to 0, the gateway gone or its own count of answered requests
   not the number sent, RSS growth past its bound, a slowloris
   connection held past header_timeout_s + 5 s, a fault step that failed).
+
+`--fleet vllm-cpu` (vllm_suite.py, vllm_observe.py, vllm_report.py) runs on real vLLM CPU
+replicas instead: one fleet, and per phase (`--modes on,off`: the gateway's retries and
+passive ejection on, or both off) an in-process gateway, `--streams` clients, a SIGKILL of the
+last replica's process group at `--kill-at` s, its restart on its ports, `--after-return` s of
+load on it again. Its results.json has, per phase: the client summary, when and by which rule
+the replica was ejected, attempts routed to it while unroutable, its share per 10 s window
+after its return, retries in flight against the retry budget, in flight at the end, and the
+gateway's per-replica counts beside vLLM's own `vllm:request_success_total`.
 """

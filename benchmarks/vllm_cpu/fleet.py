@@ -153,6 +153,7 @@ class VllmFleet:
         self._extra = extra_args
         self.replicas: list[VllmReplica] = []
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._run_dir: Path | None = None
 
     @property
     def kv_events_endpoint(self) -> str | None:
@@ -220,12 +221,15 @@ class VllmFleet:
                 "run `python -m benchmarks.vllm_cpu prepare` first"
             )
 
-    def _spawn(self, i: int, log_dir: Path) -> VllmReplica:
-        port, kv_port, replay_port = self._ports(i)
+    def _spawn(
+        self, i: int, log_dir: Path, ports: tuple[int, int | None, int | None] | None = None
+    ) -> VllmReplica:
+        port, kv_port, replay_port = ports or self._ports(i)
         log_path = log_dir / f"vllm-{i}.log"
         env = {**os.environ, **ENGINE_ENV}
         env.pop("VIRTUAL_ENV", None)
-        with log_path.open("wb") as log:
+        # A restart appends: the killed process's last lines stay readable above the new ones.
+        with log_path.open("ab" if ports else "wb") as log:
             proc = subprocess.Popen(
                 self.command(port, kv_port, replay_port),
                 stdin=subprocess.DEVNULL,
@@ -236,7 +240,10 @@ class VllmFleet:
                 # Own process group: the engine core is a child process, stop both together.
                 start_new_session=True,
             )
-        self._procs.append(proc)
+        if ports is None:
+            self._procs.append(proc)
+        else:
+            self._procs[i] = proc
         return VllmReplica(i, f"vllm-{i}", port, kv_port, replay_port, log_path, proc.pid)
 
     async def _wait_healthy(self, replica: VllmReplica, proc: subprocess.Popen[bytes]) -> float:
@@ -264,6 +271,7 @@ class VllmFleet:
         self._check_ready()
         log_dir = self._log_dir or Path(tempfile.mkdtemp(prefix="llmgw-vllm-"))
         log_dir.mkdir(parents=True, exist_ok=True)
+        self._run_dir = log_dir
         try:
             self.replicas = [self._spawn(i, log_dir) for i in range(self.n)]
             return list(
@@ -276,6 +284,36 @@ class VllmFleet:
             )
         except BaseException:
             await self.stop()
+            raise
+
+    def alive(self, i: int) -> bool:
+        """Whether replica i's server process is running."""
+        return i < len(self._procs) and self._procs[i].poll() is None
+
+    async def kill(self, i: int) -> None:
+        """SIGKILL replica i's process group (server and engine core): no drain, no goodbye."""
+        if not self.alive(i):
+            raise VllmCpuError(f"replica {i} is not running")
+        proc = self._procs[i]
+        _signal_group(proc, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+
+    async def restart(self, i: int) -> float:
+        """Start replica i again on its own ports, after kill(i); seconds until healthy."""
+        if self._run_dir is None or i >= len(self.replicas):
+            raise VllmCpuError(f"replica {i} was never started")
+        if self.alive(i):
+            raise VllmCpuError(f"replica {i} is still running: kill it first")
+        old = self.replicas[i]
+        # The group too: an orphaned engine core would hold the old one's memory.
+        _signal_group(self._procs[i], signal.SIGKILL)
+        self.replicas[i] = replica = self._spawn(
+            i, self._run_dir, (old.port, old.kv_port, old.replay_port)
+        )
+        try:
+            return await self._wait_healthy(replica, self._procs[i])
+        except BaseException:
+            _signal_group(self._procs[i], signal.SIGKILL)
             raise
 
     async def stop(self, grace_s: float = 15.0) -> None:
