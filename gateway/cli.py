@@ -80,20 +80,32 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+# The demo's embedding model, served by a simulated pooling replica.
+DEMO_EMBED_MODEL = "sim-embed"
+
+
 async def _demo(args: argparse.Namespace) -> None:
     # The demo is the one command besides `sim` that runs the simulator.
     from simulator import SimConfig, SimFleet
 
     sim_cfg = SimConfig(time_scale=args.time_scale)
-    async with SimFleet(sim_cfg, replicas=args.replicas, host="127.0.0.1", base_port=0) as fleet:
+    # Beside the generative fleet, one embedding model's replica (/v1/embeddings, /pooling).
+    embed_cfg = SimConfig(
+        model=DEMO_EMBED_MODEL, runner="pooling", time_scale=args.time_scale, kv_events=False
+    )
+    async with (
+        SimFleet(sim_cfg, replicas=args.replicas, host="127.0.0.1", base_port=0) as fleet,
+        SimFleet(embed_cfg, replicas=1, host="127.0.0.1", base_port=0) as embed_fleet,
+    ):
         # The simulated replicas publish KV events and tokenize with the built-in tokenizer:
         # the demo runs the precise prefix index, as a fleet with vLLM's KV events would.
         cfg = GatewayConfig(
             server=ServerConfig(host=args.host, port=args.port),
             cache_index=CacheIndexConfig(tokenizer="builtin", block_size=sim_cfg.block_size),
             grpc=GrpcConfig(enabled=True, host=args.host, port=args.grpc_port),
-            replicas=tuple(
-                ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas
+            replicas=(
+                *(ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas),
+                *(ReplicaConfig(url=r.url, name=f"embed-{r.index}") for r in embed_fleet.replicas),
             ),
         )
         async with _serving(cfg, args.workers, args.log_level) as (url, grpc_port):
@@ -101,6 +113,8 @@ async def _demo(args: argparse.Namespace) -> None:
             print(f"  gRPC (llmgateway.v1, reflection on): {args.host}:{grpc_port}")
             for r in fleet.replicas:
                 print(f"  {r.name}: {r.url}")
+            for r in embed_fleet.replicas:
+                print(f"  embed-{r.index} ({DEMO_EMBED_MODEL}, embeddings): {r.url}")
             print("Try:")
             print(
                 f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' "

@@ -3,9 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
+
+_T = TypeVar("_T")
+
+
+class _Factory:
+    """The default of a field built by its default_factory (shown as dataclasses shows it)."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+
+
+def _slot_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen slots dataclass an __init__ that sets each slot through its descriptor."""
+    # The dataclass's own frozen __init__ calls object.__setattr__ per field (~0.12 us each):
+    # ~3 us for RequestFeatures, built three times a request, and a ReplicaSnapshot per
+    # changed replica per decision. Same signature, defaults and factories; 2-3x faster.
+    ns: dict[str, Any] = {"_FACTORY": _FACTORY}
+    params, body = [], []
+    for f in fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            raise TypeError(f"{cls.__name__}.{f.name}: init=False is not supported")
+        ns[f"_s_{f.name}"] = getattr(cls, f.name).__set__
+        if f.default is not MISSING:
+            ns[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+            value = f.name
+        elif f.default_factory is not MISSING:
+            ns[f"_f_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_FACTORY")
+            value = f"_f_{f.name}() if {f.name} is _FACTORY else {f.name}"
+        else:
+            params.append(f.name)
+            value = f.name
+        body.append(f"    _s_{f.name}(self, {value})\n")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: __post_init__ is not supported")
+    exec(f"def __init__(self, {', '.join(params)}) -> None:\n{''.join(body)}", ns)
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    setattr(cls, "__init__", init)  # noqa: B010 (mypy: no assigning to a method)
+    return cls
 
 
 class RoutingError(Exception):
@@ -62,6 +106,7 @@ Tier = Literal["prompt_cache", "session", "prefix_home"]
 TIERS: tuple[Tier, ...] = ("prompt_cache", "session", "prefix_home")
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ReplicaSnapshot:
     """What the router may know about one replica at decision time.
@@ -101,6 +146,7 @@ class ReplicaSnapshot:
     admitted: bool = True
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class RequestFeatures:
     """What the router knows about one request (extracted once, on arrival)."""
@@ -143,6 +189,7 @@ class RequestFeatures:
     canary_weight: int | None = None
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class Pick:
     """A picker's choice: index into the candidate list and a branch label."""
@@ -151,6 +198,7 @@ class Pick:
     branch: Branch
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The router's answer: where to send the request, why, and every score."""

@@ -44,6 +44,9 @@ _HELP = {
     "responses_store": "keep Responses for GET, cancel and previous_response_id "
     "(vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)",
     "responses_store_size": "stored Responses kept per replica (the oldest are dropped)",
+    "runner": "vLLM's --runner: generate (chat, completions, ...) or pooling (embeddings)",
+    "embedding_size": "a pooling replica's embedding size",
+    "matryoshka": "a pooling replica takes `dimensions` (Matryoshka embeddings)",
 }
 
 

@@ -114,6 +114,12 @@ class SimConfig:
     responses_store: bool = True
     # vLLM's store grows without bound; the simulator's drops the oldest beyond this many.
     responses_store_size: int = 10_000
+    # vLLM's --runner: "generate" serves the generation routes, "pooling" (an embedding model,
+    # --convert embed) /v1/embeddings and /pooling instead; each answers the other's with 404.
+    runner: str = "generate"
+    # A pooling replica's vector size, and whether it takes `dimensions` (Matryoshka).
+    embedding_size: int = 64
+    matryoshka: bool = False
     faults: Faults = field(default_factory=Faults)
 
     def __post_init__(self) -> None:
@@ -129,6 +135,10 @@ class SimConfig:
             raise SimError("metrics_cost_ms must be >= 0")
         if self.responses_store_size < 1:
             raise SimError("responses_store_size must be >= 1")
+        if self.runner not in ("generate", "pooling"):
+            raise SimError("runner must be 'generate' or 'pooling'")
+        if self.embedding_size < 1:
+            raise SimError("embedding_size must be >= 1")
 
     @property
     def timing(self) -> TimingModel:

@@ -1,5 +1,5 @@
-"""Generation routes of a replica (completions, chat); Responses and Messages are in their own
-modules, the rest in service_routes."""
+"""Generation routes of a replica (completions, chat); Responses, Messages and a pooling
+replica's routes (pooling.py) are in their own modules, the rest in service_routes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from simulator import generation as G
-from simulator import messages, responses, service_routes
+from simulator import messages, pooling, responses, scoring, service_routes
 from simulator import protocol as P
 from simulator.config import SimError
 from simulator.generation import CHOICE_STRIDE as _CHOICE_STRIDE
@@ -235,8 +235,13 @@ async def _unary(
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    responses.add_routes(app)
-    messages.add_routes(app)
+    # vLLM attaches a route family only when the model supports its task (its routers.py).
+    if app[REPLICA].config.runner == "pooling":
+        pooling.add_routes(app)
+        scoring.add_routes(app)  # vLLM enables scoring for an embedding model
+    else:
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_post("/v1/chat/completions", chat_completions)
+        responses.add_routes(app)
+        messages.add_routes(app)
     service_routes.add_routes(app)

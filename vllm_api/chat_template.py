@@ -40,6 +40,21 @@ def _content_text(content: Any) -> Any:
     return "" if content is None else content
 
 
+def _chatml(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str | None:
+    """DEFAULT_TEMPLATE's output without Jinja2; None when a role or content is not a str."""
+    # Jinja2 builds a context (ChainMaps, a frame) per render: ~10 us of a ~250 us request
+    # (py-spy, wrk c=64). Anything but plain strings goes to Jinja2, which judges it.
+    parts = []
+    for m in messages:
+        role, content = m.get("role"), m["content"]
+        if type(role) is not str or type(content) is not str:
+            return None
+        parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
 def _token_text(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("content", ""))
@@ -71,12 +86,22 @@ class ChatTemplate:
         # every call: ~4% of the gateway's CPU per request under load (py-spy, wrk c=64).
         # Flattened once here, they go in with each render's variables instead.
         self._globals = dict(self._template.globals)
+        # The default template is rendered by _chatml, byte for byte (tested against Jinja2).
+        self._fast = source == DEFAULT_TEMPLATE
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
     ) -> str:
         """Render messages to the prompt text the replica tokenizes."""
         msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        if self._fast:
+            text = _chatml(msgs, add_generation_prompt)
+            if text is not None:
+                return text
+        return self._render(msgs, add_generation_prompt)
+
+    def _render(self, msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        """Jinja2's rendering of the template (every template; the default's odd input)."""
         try:
             variables = {
                 **self._globals,

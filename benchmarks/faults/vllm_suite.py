@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.faults.accounting import ERROR, Record, summarize
 from benchmarks.faults.clients import LoadRun, LoadSettings, run_load
@@ -44,6 +43,7 @@ from gateway.config import (
 )
 from gateway.process import RunningGateway, running_gateway
 from gateway.replicas.outlier import OutlierConfig
+from telemetry.prom_text import samples
 
 MODES = ("on", "off")
 _HTTP = aiohttp.ClientTimeout(total=10.0)
@@ -121,16 +121,6 @@ def gateway_config(fleet: VllmFleet, p: VllmParams, mode: str) -> GatewayConfig:
     )
 
 
-def prom_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """Every sample called `name` in Prometheus text: (labels, value)."""
-    return [
-        (s.labels, s.value)
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == name
-    ]
-
-
 async def _text(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics", timeout=_HTTP) as r:
         r.raise_for_status()
@@ -139,7 +129,7 @@ async def _text(session: aiohttp.ClientSession, url: str) -> str:
 
 async def vllm_served(session: aiohttp.ClientSession, url: str) -> int:
     """Requests a replica finished serving (vllm:request_success_total, length or stop)."""
-    rows = prom_samples(await _text(session, url), "vllm:request_success_total")
+    rows = samples(await _text(session, url), "vllm:request_success_total")
     return int(sum(v for labels, v in rows if labels.get("finished_reason") in _SERVED))
 
 
@@ -147,16 +137,16 @@ async def gateway_served(session: aiohttp.ClientSession, url: str) -> dict[str, 
     """Per replica: answers relayed whole (status 200, less the streams truncated mid-way)."""
     text = await _text(session, url)
     out: dict[str, int] = {}
-    for labels, v in prom_samples(text, "llm_gateway_requests_total"):
+    for labels, v in samples(text, "llm_gateway_requests_total"):
         if labels.get("status") == "200" and labels.get("replica"):
             out[labels["replica"]] = out.get(labels["replica"], 0) + int(v)
-    for labels, v in prom_samples(text, "llm_gateway_streams_truncated_total"):
+    for labels, v in samples(text, "llm_gateway_streams_truncated_total"):
         out[labels["replica"]] = out.get(labels["replica"], 0) - int(v)
     return out
 
 
 async def gateway_counter(session: aiohttp.ClientSession, url: str, name: str) -> float:
-    return sum(v for _, v in prom_samples(await _text(session, url), name))
+    return sum(v for _, v in samples(await _text(session, url), name))
 
 
 async def _warm_up(session: aiohttp.ClientSession, gw: RunningGateway, model: str) -> None:

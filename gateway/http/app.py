@@ -22,16 +22,27 @@ from gateway.errors import (
     GatewayError,
     InternalError,
     NoHealthyReplica,
-    PayloadTooLarge,
     Unauthorized,
 )
+from gateway.http.hot_io import (
+    ClientGone,
+    Cycle,
+    error_response,
+    read_body,
+    request_id_of,
+    send_error,
+)
+from gateway.http.routes import HOT_PATHS, hot_route
+from gateway.http.service_routes import ServiceRoutes
 from gateway.http.transport import DISCONNECT_EXTENSION
 from gateway.http.upstream_errors import relay_error
-from gateway.proxy import hints, messages_route, responses_route
+from gateway.proxy import hints, responses_route
 from gateway.proxy.headers import ForwardPolicy, FrontHeaders, client_response_headers
-from gateway.proxy.identity import ApiKeys, is_loopback, new_request_id, request_id
+from gateway.proxy.identity import ApiKeys, is_loopback
+from gateway.proxy.pooling_route import unsupported_message
 from gateway.proxy.requests import (
     ANTHROPIC_KINDS,
+    POOLING_KINDS,
     Kind,
     ParsedRequest,
     parse_request,
@@ -41,7 +52,6 @@ from gateway.proxy.upstream import Exchange, StreamBroken
 from gateway.replicas.gpu import apply_heartbeat
 from gateway.runtime import Runtime
 from routing.types import Branch
-from telemetry.metrics import CONTENT_TYPE
 from vllm_api.anthropic import stream_error_event
 from vllm_api.errors import error_body
 from vllm_api.sse import error_event
@@ -49,71 +59,10 @@ from vllm_api.sse import error_event
 log = logging.getLogger("llm_gateway.http")
 
 
-_JSON = (b"content-type", b"application/json")
-_HOT_PATHS: dict[str, Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/tokenize": "tokenize",
-    "/detokenize": "detokenize",
-}
 # A worker heartbeat is a few small numbers: anything larger is refused while it arrives.
 _HEARTBEAT_LIMIT = 65536
-# The Upstream seam only POSTs (gateway/proxy/upstream.py): retrieval is not relayed yet.
-_NO_GET = (
-    "Retrieving a stored response (GET /v1/responses/{id}) is not supported by the gateway "
-    "yet; follow-ups with previous_response_id and cancel are."
-)
 # The model label of a request refused before its model was read (or of an unknown model).
 _UNKNOWN_MODEL = "_unknown"
-
-
-class _ClientGone(Exception):
-    """The client disconnected while its request was being served."""
-
-
-class _Cycle:
-    """Per-request flags shared with the disconnect watcher."""
-
-    __slots__ = ("cut", "gone", "responded", "started")
-
-    def __init__(self) -> None:
-        self.gone = False
-        # The drain period ended while this request was open: end it, don't wait for it.
-        self.cut = False
-        # The status line went out (a stream): an error can only be an SSE event now.
-        self.started = False
-        # Set before the last send: uvicorn also reports "disconnect" once a response completes.
-        self.responded = False
-
-
-async def _send_error(
-    send: Send, err: GatewayError, request_id: str, kind: Kind | None = None
-) -> None:
-    # The Anthropic SDK reads only its own error shape on its routes.
-    body = messages_route.error_body(err) if kind in ANTHROPIC_KINDS else err.body()
-    headers = [
-        _JSON,
-        (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", request_id.encode()),
-    ]
-    if err.retry_after_s is not None:
-        headers.append((b"retry-after", str(max(1, round(err.retry_after_s))).encode()))
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-def _error_response(err: GatewayError) -> Response:
-    return Response(err.body(), status_code=err.status, media_type="application/json")
-
-
-def _request_id(headers: list[tuple[bytes, bytes]], header: bytes) -> str:
-    for k, v in headers:
-        if k == header:
-            return request_id(v.decode("latin-1"))
-    return new_request_id()
 
 
 class GatewayApp:
@@ -121,7 +70,7 @@ class GatewayApp:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._open: dict[asyncio.Task[Any], _Cycle] = {}
+        self._open: dict[asyncio.Task[Any], Cycle] = {}
         runtime.stream_cutters.append(self._cut_streams)
         cfg = runtime.config.server
         self._limit = cfg.max_body_bytes
@@ -131,32 +80,29 @@ class GatewayApp:
         self._tenancy = runtime.tenancy
         self._admin_keys: ApiKeys = runtime.admin_keys  # replaced in place by a reload
         self._forward = ForwardPolicy(cfg.forward_headers, cfg.trusted_proxies)
+        own = ServiceRoutes(runtime, self._admin_keys, self._authorize)
         routes = [
-            Route("/health", self._health, methods=["GET"]),
-            Route("/ready", self._ready, methods=["GET"]),
-            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/health", own.health, methods=["GET"]),
+            Route("/ready", own.ready, methods=["GET"]),
+            Route("/v1/models", own.models, methods=["GET"]),
             Route("/admin/heartbeat", self._heartbeat, methods=["POST"]),
             *AdminApi(runtime, self._admin).routes(),
-            *(Route(p, self._method_not_allowed, methods=["GET"]) for p in _HOT_PATHS),
+            *(Route(p, own.method_not_allowed, methods=["GET"]) for p in HOT_PATHS),
         ]
         if runtime.config.telemetry.metrics_enabled:
-            routes.append(Route("/metrics", self._metrics, methods=["GET"]))
+            routes.append(Route("/metrics", own.metrics, methods=["GET"]))
         self._starlette = Starlette(
             routes=routes,
-            exception_handlers={HTTPException: self._http_error, Exception: self._internal_error},
+            exception_handlers={HTTPException: own.http_error, Exception: own.internal_error},
         )
         # A 307 to a trailing-slash-less path would build its Location from the client's Host.
         self._starlette.router.redirect_slashes = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            kind = _HOT_PATHS.get(scope["path"])
-            if kind is not None and scope["method"] == "POST":
-                await self._proxy(kind, scope, receive, send)
-                return
-            stored = responses_route.stored_route(scope["method"], scope["path"])
-            if stored is not None:
-                await self._proxy(stored[0], scope, receive, send, stored[1])
+            route = hot_route(scope["method"], scope["path"])
+            if route is not None:
+                await self._proxy(route[0], scope, receive, send, route[1])
                 return
         await self._starlette(scope, receive, send)
 
@@ -171,51 +117,6 @@ class GatewayApp:
             if k == b"authorization" or k == b"x-api-key"
         )
 
-    async def _read_body(
-        self,
-        headers: list[tuple[bytes, bytes]],
-        receive: Receive,
-        limit: int,
-        buffered: bool = False,
-    ) -> bytes:
-        """The whole body, refused (413) as soon as it passes `limit` bytes, within a deadline."""
-        for k, v in headers:
-            if k == b"content-length":
-                if not v.isdigit():
-                    raise BadRequest("Invalid Content-Length header.")
-                if int(v) > limit:
-                    raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
-        chunks: list[bytes] = []
-        size = 0
-        if buffered:
-            # All of it arrived with the head (the protocol says so): no deadline to arm.
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            body: bytes = message.get("body", b"")
-            if len(body) > limit:
-                raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
-            if not message.get("more_body", False):
-                return body
-            chunks.append(body)
-            size = len(body)
-        try:
-            async with asyncio.timeout(self._receive_timeout):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        raise _ClientGone
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        raise PayloadTooLarge(f"Request body exceeds {limit} bytes.")
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            raise GatewayError("Request body not received in time.", status=408) from None
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
     async def _proxy(
         self,
         kind: Kind,
@@ -226,30 +127,30 @@ class GatewayApp:
     ) -> None:
         started = time.perf_counter()
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        request_id = _request_id(headers, self._rid_header)
+        request_id = request_id_of(headers, self._rid_header)
         runtime = self.runtime
         try:
             tenant = self._authorize(headers)
             hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
             buffered = hook is not None and hook.body_buffered
-            body = await self._read_body(headers, receive, self._limit, buffered)
+            body = await read_body(headers, receive, self._limit, self._receive_timeout, buffered)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             found = hints.from_headers(headers)
             if response_id is not None:
-                if kind == "response_get":
-                    raise GatewayError(_NO_GET, status=501)
-                parsed = hints.apply(stored_request(kind, response_id, request_id), found)
+                query = scope.get("query_string", b"").decode("latin-1")
+                stored = stored_request(kind, response_id, request_id, query)
+                parsed = hints.apply(stored, found)
             else:
                 parsed = hints.apply(parse_request(kind, body, request_id), found)
             # The key's tenant, or a trusted source's x-tenant-id; the class within its bounds.
             client = scope.get("client")
             parsed = self._tenancy.bind(parsed, tenant, found, client[0] if client else None)
-        except _ClientGone:
+        except ClientGone:
             return
         except GatewayError as err:
             self._refused(err, _UNKNOWN_MODEL, started)
-            await _send_error(send, err, request_id, kind)
+            await send_error(send, err, request_id, kind)
             return
         except Exception:
             # Last resort: a bug still gets vLLM's JSON body, never uvicorn's plain-text 500.
@@ -257,14 +158,14 @@ class GatewayApp:
             log.exception("request %s: unexpected error before routing", request_id)
             internal = InternalError()
             self._refused(internal, _UNKNOWN_MODEL, started)
-            await _send_error(send, internal, request_id, kind)
+            await send_error(send, internal, request_id, kind)
             return
 
         # From here the client may vanish at any await: a watcher cancels this task if it does,
         # which closes the upstream request and frees the replica's slot at once.
         task = asyncio.current_task()
         assert task is not None
-        cycle = _Cycle()
+        cycle = Cycle()
 
         def gone() -> None:
             if not cycle.responded:
@@ -320,14 +221,14 @@ class GatewayApp:
                 cycle.cut = True
                 task.cancel()
 
-    async def _send_cut(self, send: Send, cycle: _Cycle, request_id: str) -> None:
+    async def _send_cut(self, send: Send, cycle: Cycle, request_id: str) -> None:
         log.warning("request %s: cut at the end of the drain period", request_id)
         message = "The gateway is shutting down; the request was not completed."
         if cycle.started:
             event = error_event(message, 503)
             await send({"type": "http.response.body", "body": event, "more_body": False})
         else:
-            await _send_error(send, NoHealthyReplica(message), request_id)
+            await send_error(send, NoHealthyReplica(message), request_id)
 
     async def _serve(
         self,
@@ -335,14 +236,14 @@ class GatewayApp:
         headers: list[tuple[bytes, bytes]],
         started: float,
         send: Send,
-        cycle: _Cycle,
+        cycle: Cycle,
     ) -> None:
         pipeline = self.runtime.pipeline
         try:
             exchange = await pipeline.open(req, headers, started)
         except GatewayError as err:  # counted by the pipeline
             cycle.responded = True
-            await _send_error(send, err, req.request_id, req.kind)
+            await send_error(send, err, req.request_id, req.kind)
             return
         except Exception:
             log.exception("request %s: unexpected error while routing", req.request_id)
@@ -350,7 +251,7 @@ class GatewayApp:
             known = req.model in self.runtime.pool.known_models()
             self._refused(internal, req.model if known else _UNKNOWN_MODEL, started)
             cycle.responded = True
-            await _send_error(send, internal, req.request_id, req.kind)
+            await send_error(send, internal, req.request_id, req.kind)
             return
         ok, status = True, exchange.status
         try:
@@ -362,7 +263,7 @@ class GatewayApp:
             log.exception("request %s: unexpected error before responding", req.request_id)
             status = 500
             cycle.responded = True
-            await _send_error(send, InternalError(), req.request_id, req.kind)
+            await send_error(send, InternalError(), req.request_id, req.kind)
         except BaseException:
             ok = True  # the client left (or shutdown): the replica did nothing wrong
             raise
@@ -370,13 +271,18 @@ class GatewayApp:
             pipeline.finish(req, exchange, status, ok and exchange.status < 500)
 
     async def _relay(
-        self, req: ParsedRequest, exchange: Exchange, send: Send, cycle: _Cycle
+        self, req: ParsedRequest, exchange: Exchange, send: Send, cycle: Cycle
     ) -> bool:
         out_headers = client_response_headers(exchange.response.headers.items(), req.request_id)
         if not exchange.streaming:
             body = exchange.first
             if exchange.status >= 400:
                 body, out_headers = relay_error(exchange, out_headers, req.request_id)
+                mapped = body is not exchange.first
+                if mapped and exchange.status == 404 and req.kind in POOLING_KINDS:
+                    # FastAPI's bare 404: this replica's model has no such task.
+                    name = exchange.lease.replica.name
+                    body = error_body(unsupported_message(req.kind, req.model, name), 404)
             elif req.kind == "responses":
                 self._remember(responses_route.body_id(body), exchange)
             out_headers.append((b"content-length", str(len(body)).encode()))
@@ -422,16 +328,7 @@ class GatewayApp:
         if response_id is not None:
             self.runtime.pipeline.responses.put(response_id, exchange.lease.replica.name)
 
-    # --- everything else ----------------------------------------------------------------
-
-    async def _health(self, _request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def _ready(self, _request: Request) -> Response:
-        if self.runtime.draining or not self.runtime.pool.ready():
-            err = NoHealthyReplica("No replica is ready.")
-            return _error_response(err)
-        return Response(b'{"status":"ready"}', media_type="application/json")
+    # --- everything else (the rest is in service_routes.py) ----------------------------
 
     def _admin(self, request: Request) -> None:
         """Admin routes: an admin key when some are set, else only a client on this host."""
@@ -443,45 +340,20 @@ class GatewayApp:
         if not is_loopback(request.client.host if request.client else None):
             raise Forbidden("Admin routes need an admin key; none is configured.")
 
-    async def _models(self, request: Request) -> Response:
-        try:
-            self._authorize(request.headers.raw)
-        except GatewayError as err:
-            return _error_response(err)
-        body = orjson.dumps({"object": "list", "data": self.runtime.pool.model_cards()})
-        return Response(body, media_type="application/json")
-
     async def _heartbeat(self, request: Request) -> Response:
         try:
             self._admin(request)
             # Read as it arrives: a huge (or endless) post is refused at the limit, not buffered.
-            body = await self._read_body(request.headers.raw, request.receive, _HEARTBEAT_LIMIT)
+            body = await read_body(
+                request.headers.raw, request.receive, _HEARTBEAT_LIMIT, self._receive_timeout
+            )
             try:
                 data = orjson.loads(body)
             except orjson.JSONDecodeError:
                 raise BadRequest("Invalid JSON in heartbeat.") from None
             apply_heartbeat(self.runtime.pool, data)
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=400)  # nobody is left to read it
         except GatewayError as err:
-            return _error_response(err)
+            return error_response(err)
         return Response(status_code=204)
-
-    async def _metrics(self, request: Request) -> Response:
-        # Replica names, health and load: behind the admin keys once there are any.
-        if self._admin_keys.enabled and not self._admin_keys.in_headers(request.headers.raw):
-            return _error_response(Unauthorized("Invalid or missing admin key."))
-        return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
-
-    async def _method_not_allowed(self, _request: Request) -> Response:
-        raise HTTPException(status_code=405)
-
-    async def _internal_error(self, _request: Request, _exc: Exception) -> Response:
-        # Starlette re-raises once this answer is out, so the server still logs the traceback.
-        return _error_response(InternalError())
-
-    async def _http_error(self, _request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        messages = {404: "Not Found", 405: "Method Not Allowed"}
-        body = error_body(messages.get(exc.status_code, exc.detail), exc.status_code)
-        return Response(body, status_code=exc.status_code, media_type="application/json")

@@ -65,6 +65,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._header_count = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        # The current head's deadline (loop time), None between heads: see _arm_head_timer.
+        self._head_deadline: float | None = None
         self._refusal: tuple[int, str] | None = None
         self._refused = False
         self._client_key: str | None = None
@@ -172,7 +174,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_started = True
         self._header_count = 0
-        if self._head_timer is None:
+        if self._head_deadline is None:
             self._arm_head_timer()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -184,7 +186,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._cancel_head_timer()
+        self._head_deadline = None  # in time: the timer, when it fires, finds no head
         hook = self._hook = DisconnectHook()
         # The scope is the one uvicorn hands the app (built in on_message_begin).
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
@@ -309,9 +311,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # --- the head's deadline and refusals ------------------------------------------------
 
     def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+        # One timer per connection, re-armed when it fires rather than set and cancelled per
+        # request: on a kept-alive connection under load the heads cost no timer at all.
+        self._head_deadline = self.loop.time() + self.header_timeout_s
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_due)
+
+    def _head_due(self) -> None:
+        self._head_timer = None
+        deadline = self._head_deadline
+        if deadline is None:
+            return  # that head came in time; the next one arms the timer again
+        left = deadline - self.loop.time()
+        if left > 0:  # a later head than the one the timer was set for
+            self._head_timer = self.loop.call_later(left, self._head_due)
+            return
+        self._head_timed_out()
 
     def _cancel_head_timer(self) -> None:
+        self._head_deadline = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from gateway.proxy.http_response import HeaderItems
+
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the de-facto Proxy-Connection and Keep-Alive.
 HOP_BY_HOP = frozenset(
     {
@@ -148,10 +150,13 @@ def client_response_headers(
     upstream_headers: Iterable[tuple[str, str]], request_id: str
 ) -> list[tuple[bytes, bytes]]:
     """Upstream response headers minus hop-by-hop, with the request id."""
-    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream_headers]
+    if type(upstream_headers) is HeaderItems:
+        raw = upstream_headers.raw  # as the replica sent them, names lower-cased
+    else:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in upstream_headers]
     drop = _RESPONSE_DROP_RID
     if any(k == b"connection" for k, _ in raw):
         drop = drop | _connection_named(raw)
-    out = [(k, v) for k, v in raw if k not in drop]
+    out = [pair for pair in raw if pair[0] not in drop]
     out.append((b"x-request-id", request_id.encode("latin-1")))
     return out

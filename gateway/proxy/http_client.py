@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from collections.abc import Mapping
 from typing import cast
@@ -43,7 +44,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._parser = httptools.HttpResponseParser(self)
         self._head: asyncio.Future[Response] | None = None
-        self._headers: list[tuple[str, str]] = []
+        self._headers: list[tuple[bytes, bytes]] = []
         self._response: Response | None = None
         self._complete = False
         self._keep_alive = False
@@ -85,7 +86,7 @@ class _Connection(asyncio.Protocol):
     # --- httptools callbacks --------------------------------------------------------------
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        self._headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -114,7 +115,7 @@ class _Connection(asyncio.Protocol):
 
     def _headers_only_eof(self) -> bool:
         names = {k for k, _ in self._headers}
-        return "content-length" not in names and "transfer-encoding" not in names
+        return b"content-length" not in names and b"transfer-encoding" not in names
 
     def send(self, head: bytes, body: bytes) -> asyncio.Future[Response]:
         """Write one request; the future is done once the answer's head has arrived."""
@@ -219,9 +220,20 @@ class Http1Client:
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Response:
         """POST `body`; returns once the answer's status line and headers have arrived."""
+        return await self.send(b"POST ", url, body, headers)
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> Response:
+        """GET `url`; returns once the answer's status line and headers have arrived."""
+        return await self.send(b"GET ", url, None, headers)
+
+    async def send(
+        self, method: bytes, url: str, body: bytes | None, headers: Mapping[str, str]
+    ) -> Response:
+        """`method` ("POST ", "GET ") `url`, with `body` unless None; done once the head came."""
         pool, path = self._target(url)
         conn = await self._acquire(pool)
-        head = self._head_bytes(pool, path, body, headers)
+        head = self._head_bytes(method, pool, path, body, headers)
+        body = body or b""
         try:
             return await conn.send(head, body)
         except (UpstreamClosed, ConnectionResetError, BrokenPipeError):
@@ -239,9 +251,12 @@ class Http1Client:
             raise
 
     @staticmethod
-    def _head_bytes(pool: _HostPool, path: bytes, body: bytes, headers: Mapping[str, str]) -> bytes:
-        lines = [b"POST ", path, b" HTTP/1.1\r\nhost: ", pool.hostport.encode("latin-1")]
-        lines.append(b"\r\ncontent-length: %d\r\n" % len(body))
+    def _head_bytes(
+        method: bytes, pool: _HostPool, path: bytes, body: bytes | None, headers: Mapping[str, str]
+    ) -> bytes:
+        lines = [method, path, b" HTTP/1.1\r\nhost: ", pool.hostport.encode("latin-1")]
+        # A GET has no body, so no content-length (RFC 9110 9.3.1).
+        lines.append(b"\r\n" if body is None else b"\r\ncontent-length: %d\r\n" % len(body))
         for k, v in headers.items():
             lines += (k.encode("latin-1"), b": ", v.encode("latin-1"), b"\r\n")
         lines.append(b"\r\n")
@@ -342,7 +357,7 @@ class Http1Client:
 class Http1Upstream:
     """The production Upstream (gateway/proxy/upstream.py's seam) over Http1Client."""
 
-    __slots__ = ("client", "post")
+    __slots__ = ("client", "get", "post")
 
     # Refused, reset, closed early, unparsable answer, no free connection: all OSErrors.
     # (TimeoutError is one too; the pipeline catches it first, as a timeout.)
@@ -350,4 +365,6 @@ class Http1Upstream:
 
     def __init__(self, cfg: UpstreamConfig) -> None:
         self.client = Http1Client(cfg)
-        self.post = self.client.post
+        # Bound straight to the client's send: no extra coroutine frame on the hot path.
+        self.post = functools.partial(self.client.send, b"POST ")
+        self.get = self.client.get

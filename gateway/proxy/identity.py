@@ -8,6 +8,7 @@ import logging
 import os
 import re
 from collections.abc import Collection, Iterable, Mapping
+from random import getrandbits
 
 from gateway.config_loader import ConfigError
 
@@ -21,8 +22,10 @@ _DIGEST = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
 
 def new_request_id() -> str:
-    """A fresh 32-hex-digit id (os.urandom: cheaper than uuid4 on the hot path)."""
-    return os.urandom(16).hex()
+    """A fresh 32-hex-digit id: 128 random bits from the random module's generator."""
+    # Unique, not secret: os.urandom was a getrandom syscall per request (~2 us under load).
+    # The module's generator is seeded from the OS, and reseeded in a forked child.
+    return f"{getrandbits(128):032x}"
 
 
 def request_id(value: str | None) -> str:

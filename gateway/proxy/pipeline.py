@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import replace
 
 from cache_index.response_index import ResponseIndex
 from gateway.config import GatewayConfig
-from gateway.errors import (
-    GatewayError,
-    ModelNotFound,
-    NoHealthyReplica,
-    UpstreamFailed,
-    UpstreamTimeout,
-)
+from gateway.errors import GatewayError, ModelNotFound, NoHealthyReplica
 from gateway.logs import RequestLog, RequestRecord
 from gateway.proxy.admission import DEFAULT_LANE, Admission, RateLimited
 from gateway.proxy.affinity import Affinity
+from gateway.proxy.attempt import Retryable, try_replica
 from gateway.proxy.decision_log import decision_line
 from gateway.proxy.headers import upstream_request_headers
-from gateway.proxy.requests import ParsedRequest
-from gateway.proxy.responses_route import ResponseNotFound, ResponseReplicaGone, stored_path
+from gateway.proxy.requests import STORED_KINDS, ParsedRequest
+from gateway.proxy.responses_route import ResponseNotFound, ResponseReplicaGone
 from gateway.proxy.tenancy import Grant, Tenancy
 from gateway.proxy.tenancy_config import DEFAULT_TENANT
-from gateway.proxy.upstream import Exchange, Upstream, UpstreamResponse
+from gateway.proxy.upstream import Exchange, Upstream
 from gateway.proxy.versions import Traffic
 from gateway.replicas.pool import Lease, ReplicaPool
 from routing.router import Router
@@ -37,29 +31,6 @@ log = logging.getLogger("llm_gateway.pipeline")
 # One DEBUG line per routing decision (see README, Observability): its own logger, so it can be
 # turned on without the rest of the pipeline's debug output.
 decision_log = logging.getLogger("llm_gateway.decision")
-
-_PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "responses": "/v1/responses",
-    "messages": "/v1/messages",
-    "count_tokens": "/v1/messages/count_tokens",
-    "tokenize": "/tokenize",
-    "detokenize": "/detokenize",
-}
-# An error body from a failing replica is read only to be logged, and only this much of it.
-_ERROR_BODY_LOG_LIMIT = 512
-
-
-class _Retryable(Exception):
-    """An attempt failed before any byte reached the client; another replica may serve it."""
-
-    def __init__(self, reason: str, client_error: GatewayError, detail: str = "") -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.client_error = client_error
-        # The start of the replica's error body: the outlier policy looks for OOM in it.
-        self.detail = detail
 
 
 class Pipeline:
@@ -91,7 +62,6 @@ class Pipeline:
         self._retrying = 0
         self._router = router
         self._upstream = upstream
-        self._transport_errors = upstream.transport_errors
         self._metrics = metrics
         # Model versions, instance-class labels and vLLM priorities (gateway/proxy/versions.py).
         classes = tenancy.priority if tenancy is not None else None
@@ -214,7 +184,11 @@ class Pipeline:
                 )
                 sent = inject_headers(headers, carrier)
             try:
-                exchange = await self._attempt(req, sent, decision, lease, started)
+                exchange = await try_replica(
+                    self._upstream, self._cfg, self._traffic, req, sent, decision, lease, started
+                )
+                if exchange.streaming:
+                    self._metrics.first_token(req.model, exchange.first_byte_at - started)
                 if exchange.status < 400:
                     self._affinity.record(features, name)
                     # Only this replica's entry grew; another's may shrink when the index's
@@ -223,7 +197,7 @@ class Pipeline:
                 if span is not None:
                     end_attempt(span, "ok")
                 return exchange
-            except _Retryable as failure:
+            except Retryable as failure:
                 if span is not None:
                     end_attempt(span, failure.reason)
                 self._release(lease, False, failure.detail)
@@ -287,96 +261,6 @@ class Pipeline:
         if self._admission is not None:
             self._admission.notify()
 
-    async def _attempt(
-        self,
-        req: ParsedRequest,
-        headers: dict[str, str],
-        decision: Decision,
-        lease: Lease,
-        started: float,
-    ) -> Exchange:
-        url = decision.replica.url + (stored_path(req) or _PATHS[req.kind])
-        cfg, replica = self._cfg, lease.replica
-        body = self._traffic.upstream_body(req, replica.config, headers)
-        # Streams: the head within response_head_timeout_s, the first chunk within
-        # first_byte_timeout_s of the start. A non-streamed answer's head comes with its body.
-        total = cfg.first_byte_timeout_s if req.stream else cfg.non_stream_timeout_s
-        head = min(cfg.response_head_timeout_s, total) if req.stream else total
-        now = asyncio.get_running_loop().time()
-        resp: UpstreamResponse | None = None
-        try:
-            async with asyncio.timeout_at(now + head) as deadline:
-                # Registered so that health checks marking the replica down end the wait.
-                replica.awaiting.add(deadline)
-                try:
-                    resp = await self._upstream.post(url, body, headers)
-                    if head < total:
-                        deadline.reschedule(now + total)
-                    first, streaming = await self._first(req, resp, replica.name)
-                finally:
-                    replica.awaiting.discard(deadline)
-        except TimeoutError:
-            if resp is not None:
-                resp.close()
-            reason = "timeout"
-            if replica.probe_down:
-                reason = "replica_down"
-            elif resp is None and head < total:
-                reason = "head_timeout"
-            raise _Retryable(
-                reason, UpstreamTimeout("The model server did not answer in time.")
-            ) from None
-        except self._transport_errors as exc:
-            if resp is not None:
-                resp.close()
-            raise _Retryable(
-                type(exc).__name__,
-                UpstreamFailed("The model server could not be reached."),
-            ) from None
-        except BaseException:
-            if resp is not None:
-                resp.close()
-            raise
-        exchange = Exchange(
-            lease=lease,
-            decision=decision,
-            response=resp,
-            status=resp.status,
-            first=first,
-            streaming=streaming,
-            idle_timeout_s=self._cfg.idle_timeout_s,
-            started=started,
-            transport_errors=self._transport_errors,
-            complete=not streaming,
-        )
-        if streaming:
-            self._metrics.first_token(req.model, exchange.first_byte_at - started)
-        return exchange
-
-    async def _first(
-        self, req: ParsedRequest, resp: UpstreamResponse, name: str
-    ) -> tuple[bytes, bool]:
-        """(the whole body or a stream's first chunk, streaming) of an answer whose head came."""
-        if resp.status >= 500:
-            detail = (await resp.content.read(_ERROR_BODY_LOG_LIMIT)).decode("utf-8", "replace")
-            log.warning("replica %s answered %d: %s", name, resp.status, detail)
-            raise _Retryable(
-                f"status_{resp.status}",
-                UpstreamFailed(
-                    f"The model server failed to serve the request (HTTP {resp.status}).",
-                    status=resp.status if resp.status in (502, 503, 504) else 502,
-                ),
-                detail,
-            )
-        if req.stream and resp.status == 200:
-            first = await resp.content.readany()
-            if not first:
-                raise _Retryable(
-                    "empty_stream", UpstreamFailed("The model server closed the stream.")
-                )
-            return first, True
-        return await resp.read(), False
-
     def finish(self, req: ParsedRequest, exchange: Exchange, status: int, ok: bool) -> None:
         """Close the upstream side and feed the outcome back: exactly once per exchange."""
         exchange.close()
@@ -384,7 +268,9 @@ class Pipeline:
         tenancy = self._tenancy
         if exchange.grant is not None and tenancy is not None:
             # The answer's own usage; a stream without a usage chunk keeps its reservation.
-            tenancy.settle(exchange.grant, exchange.used_tokens())
+            # A stored response's GET or cancel echoes the usage it was charged for already.
+            stored = req.kind in STORED_KINDS
+            tenancy.settle(exchange.grant, 0 if stored else exchange.used_tokens())
         if exchange.trace is not None:
             exchange.trace.set(
                 model=req.model,

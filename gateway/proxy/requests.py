@@ -7,10 +7,12 @@ from dataclasses import dataclass, fields
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Literal
+from urllib.parse import parse_qs
 
 import orjson
 
 from gateway.errors import BadRequest, echo
+from gateway.proxy import pooling_route
 from routing.types import RequestFeatures
 
 Kind = Literal[
@@ -23,11 +25,20 @@ Kind = Literal[
     "response_cancel",
     "tokenize",
     "detokenize",
+    "embeddings",
+    "pooling",
+    "classify",
+    "score",
+    "rerank",
 ]
 # Routes whose body only routing reads (model, stream): the replica validates the rest.
 PASS_KINDS: frozenset[Kind] = frozenset(
     {"responses", "messages", "count_tokens", "tokenize", "detokenize"}
 )
+# Embeddings and vLLM's pooling family: nothing generated, never streamed, placed by load.
+POOLING_KINDS: frozenset[Kind] = frozenset({"embeddings", "pooling", "classify", "score", "rerank"})
+# A stored response's retrieval and cancel: no body, routed to the replica that stored it.
+STORED_KINDS: frozenset[Kind] = frozenset({"response_get", "response_cancel"})
 # Routes whose errors the gateway answers in Anthropic's shape.
 ANTHROPIC_KINDS: frozenset[Kind] = frozenset({"messages", "count_tokens"})
 
@@ -70,6 +81,8 @@ class ParsedRequest:
     features: RequestFeatures
     # A stored response this request must reach (previous_response_id, GET or cancel of it).
     response_id: str | None = None
+    # A GET's query string (retrieval's `stream`, `starting_after`), passed on as it came.
+    query: str = ""
 
 
 def _estimate_chat_chars(messages: list[Any]) -> int:
@@ -155,12 +168,36 @@ def _pass_through(
     return ParsedRequest(kind, body, data, model, stream, request_id, features, pin)
 
 
-def stored_request(kind: Kind, response_id: str, request_id: str) -> ParsedRequest:
+def stored_request(kind: Kind, response_id: str, request_id: str, query: str = "") -> ParsedRequest:
     """GET or cancel of a stored response: no body, no model (its replica's model is used)."""
     # The metrics' label for a model not known (the request names none).
     model = "_unknown"
-    features = RequestFeatures(model=model, request_id=request_id)
-    return ParsedRequest(kind, b"", {}, model, False, request_id, features, response_id)
+    # vLLM's retrieval streams the stored events with ?stream=true (a FastAPI bool).
+    stream = kind == "response_get" and _query_flag(query, "stream")
+    features = RequestFeatures(model=model, request_id=request_id, stream=stream)
+    return ParsedRequest(kind, b"", {}, model, stream, request_id, features, response_id, query)
+
+
+def _query_flag(query: str, name: str) -> bool:
+    """A query parameter's truth as pydantic reads a bool (true, 1, yes, on)."""
+    for value in parse_qs(query).get(name, ()):
+        return value.lower() in ("true", "1", "yes", "on", "t", "y")
+    return False
+
+
+def _pooling(
+    kind: Kind, body: bytes, data: dict[str, Any], model: str, request_id: str
+) -> ParsedRequest:
+    # vLLM takes `stream` here as an unknown field (logged, ignored): the answer is one body.
+    priority = data.get("priority", 0)
+    features = RequestFeatures(
+        model=model,
+        request_id=request_id,
+        prompt_tokens=pooling_route.input_chars(kind, data) // 4,
+        max_tokens=None,
+        priority=priority if isinstance(priority, int) else 0,
+    )
+    return ParsedRequest(kind, body, data, model, False, request_id, features)
 
 
 def parse_request(
@@ -178,6 +215,8 @@ def parse_request(
         raise BadRequest("`model` is required and must be a non-empty string.", param="model")
     if kind in PASS_KINDS:
         return _pass_through(kind, body, data, model, request_id)
+    if kind in POOLING_KINDS:
+        return _pooling(kind, body, data, model, request_id)
     if kind == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:

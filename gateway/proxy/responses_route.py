@@ -9,6 +9,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.proxy.requests import Kind, ParsedRequest
+from vllm_api.errors import error_body
 from vllm_api.named_sse import NamedSseParser
 from vllm_api.sse import SseError
 
@@ -27,6 +28,10 @@ class ResponseNotFound(GatewayError):
     @property
     def error_type(self) -> str:
         return "invalid_request_error"
+
+    def body(self) -> bytes:
+        """vLLM's own body for it (_make_not_found_error), not the one its status implies."""
+        return error_body(self.message, self.status, self.param, err_type=self.error_type)
 
 
 class ResponseReplicaGone(GatewayError):
@@ -126,7 +131,7 @@ def stored_path(req: ParsedRequest) -> str | None:
     if req.kind == "response_cancel":
         return f"/v1/responses/{rid}/cancel"
     if req.kind == "response_get":
-        return f"/v1/responses/{rid}"
+        return f"/v1/responses/{rid}" + (f"?{req.query}" if req.query else "")
     return None
 
 

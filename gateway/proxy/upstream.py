@@ -11,13 +11,16 @@ from typing import TYPE_CHECKING, Protocol
 import aiohttp
 
 from gateway.config import UpstreamConfig
-from gateway.proxy.usage import USAGE_MARK, usage_tokens
+from gateway.proxy.usage import usage_marked, usage_tokens
 from gateway.replicas.pool import Lease
 from routing.types import Decision
 from telemetry.tracing import RequestTrace
 
 if TYPE_CHECKING:
     from gateway.proxy.tenancy import Grant
+
+# Longer than any usage mark: enough of the previous read to find one cut in two.
+_MARK_TAIL = 24
 
 # The contract follows aiohttp's response shape (so a ClientResponse still fits it); the
 # production implementation is proxy/http_client.py's Http1Upstream, whose response is read
@@ -75,6 +78,10 @@ class Upstream(Protocol):
         self, url: str, body: bytes, headers: Mapping[str, str]
     ) -> Awaitable[UpstreamResponse]:
         """POST `body` to `url`; done once the status line and headers have arrived."""
+        ...
+
+    def get(self, url: str, headers: Mapping[str, str]) -> Awaitable[UpstreamResponse]:
+        """GET `url` (a stored response); done once the status line and headers have arrived."""
         ...
 
 
@@ -140,7 +147,7 @@ class Exchange:
         # chunks that may hold it.
         tap = self.want_usage or (self.grant is not None and self.grant.wants_usage)
         prev = self.first
-        if tap and USAGE_MARK in prev:
+        if tap and usage_marked(prev):
             self.usage = usage_tokens(prev)
         readany = self.response.content.readany
         loop = asyncio.get_running_loop()
@@ -154,7 +161,8 @@ class Exchange:
                     if not chunk:
                         break
                     if tap:
-                        if USAGE_MARK in chunk:
+                        # A mark cut by the read boundary is found with the previous tail.
+                        if usage_marked(prev[-_MARK_TAIL:] + chunk):
                             # The event may have begun in the previous read.
                             found = usage_tokens(chunk)
                             self.usage = found if found is not None else usage_tokens(prev + chunk)

@@ -1,4 +1,11 @@
-"""The tokens an answer used, read from vLLM's `usage` without parsing the whole answer."""
+"""The tokens an answer used, read from vLLM's `usage` without parsing the whole answer.
+
+Three shapes: OpenAI's chat, completions, embeddings and pooling (`prompt_tokens`, with
+`completion_tokens` except for rerank), Responses (`input_tokens` with cached ones among them,
+`output_tokens`) and Anthropic Messages (`input_tokens` without the cache reads and writes,
+which come as their own counts). A stream's last usage object is its whole count: a chat's
+usage chunk, a Responses stream's `response.completed`, a Messages stream's `message_delta`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,32 @@ import re
 
 # Completion stream chunks carry `"usage":null` each; only the usage object itself counts.
 USAGE_MARK = b'"completion_tokens"'
+# Responses' and Messages' streams: the events that may carry a usage object.
+IO_USAGE_MARK = b'"output_tokens"'
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-# A usage object is a few hundred bytes (its details included).
-_USAGE_SPAN = 1024
+_INPUT = re.compile(rb'"input_tokens"\s*:\s*(\d+)')
+_OUTPUT = re.compile(rb'"output_tokens"\s*:\s*(\d+)')
+# Anthropic's: input_tokens leaves these out (Responses counts its cached tokens in input).
+_CACHE_READ = re.compile(rb'"cache_read_input_tokens"\s*:\s*(\d+)')
+_CACHE_WRITE = re.compile(rb'"cache_creation_input_tokens"\s*:\s*(\d+)')
+# A usage object is a few hundred bytes (its details, and Responses' per-turn counts, included).
+_USAGE_SPAN = 2048
+
+
+def usage_marked(chunk: bytes) -> bool:
+    """True when `chunk` may hold (the start of) a usage object worth parsing."""
+    return USAGE_MARK in chunk or IO_USAGE_MARK in chunk
+
+
+def _count(pattern: re.Pattern[bytes], data: bytes, start: int, end: int) -> int | None:
+    found = pattern.search(data, start, end)
+    return int(found[1]) if found is not None else None
 
 
 def usage_tokens(data: bytes) -> int | None:
-    """prompt + completion tokens of the last `usage` object in `data`, or None if none."""
+    """Prompt + generated tokens of the last `usage` object in `data`, or None if none."""
     start = -1
     # Usage comes last (after the choices of a body, in the last event of a stream).
     at = data.rfind(b'"usage"')
@@ -26,8 +50,13 @@ def usage_tokens(data: bytes) -> int | None:
     if start < 0:
         return None
     end = start + _USAGE_SPAN
-    prompt = _PROMPT.search(data, start, end)
-    completion = _COMPLETION.search(data, start, end)
-    if prompt is None or completion is None:
+    prompt = _count(_PROMPT, data, start, end)
+    if prompt is not None:
+        return prompt + (_count(_COMPLETION, data, start, end) or 0)
+    given = _count(_INPUT, data, start, end)
+    output = _count(_OUTPUT, data, start, end)
+    if given is None or output is None:
         return None
-    return int(prompt[1]) + int(completion[1])
+    read = _count(_CACHE_READ, data, start, end) or 0
+    written = _count(_CACHE_WRITE, data, start, end) or 0
+    return given + read + written + output

@@ -15,10 +15,19 @@ FIELDS = {
 
 def test_routing_cost_quick(tmp_path: Path) -> None:
     assert main(["bench", "routing-cost", "--quick", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
-    assert {(r["mode"], r["prompt_tokens"] > 4000) for r in rows} == {
-        (m, long) for m in ("approximate", "precise") for long in (False, True)
-    }
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = results["rows"]
+    assert sorted((r["mode"], r["prompt_tokens"] > 4000, r["replicas"]) for r in rows) == [
+        (m, long, n)
+        for m in ("approximate", "precise")
+        for long in (False, True)
+        for n in (4, 8, 16)
+    ]
+    # The bound is judged on the 16-replica rows (the worst of them).
+    worst = max(r["decision_us"] for r in rows if r["replicas"] == 16)
+    assert results["target"] == {
+        "replicas": 16, "decision_us": 150.0, "worst_decision_us": worst, "pass": worst <= 150.0
+    }  # fmt: skip
     for r in rows:
         assert set(r) == FIELDS
         # The request is one replica's cached prompt plus a new question: every block but the

@@ -53,6 +53,7 @@ class Sent:
     url: str
     body: bytes
     headers: Mapping[str, str]
+    method: str = "POST"
 
 
 async def _hang(waiting: asyncio.Event) -> bytes:
@@ -135,14 +136,27 @@ class FakeUpstream:
         return script[min(nth, len(script) - 1)]
 
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> FakeResponse:
-        replica = urlsplit(url).hostname or ""
-        self.sent.append(Sent(replica, url, body, dict(headers)))
+        return await self._send("POST", url, body, headers)
+
+    async def get(self, url: str, headers: Mapping[str, str]) -> FakeResponse:
+        return await self._send("GET", url, b"", headers)
+
+    async def _send(
+        self, method: str, url: str, body: bytes, headers: Mapping[str, str]
+    ) -> FakeResponse:
+        parts = urlsplit(url)
+        replica = parts.hostname or ""
+        self.sent.append(Sent(replica, url, body, dict(headers), method))
         answer = self._answer(replica)
         if answer.refuse is not None:
             raise answer.refuse(f"{replica} refused")
         if answer.hang == "headers":
             await _hang(self.waiting)
-        response = FakeResponse(answer, orjson.loads(body).get("stream") is True, self.waiting)
+        if method == "GET":
+            stream = "stream=true" in parts.query
+        else:
+            stream = bool(body) and orjson.loads(body).get("stream") is True
+        response = FakeResponse(answer, stream, self.waiting)
         self.responses.append(response)
         return response
 

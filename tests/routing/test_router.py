@@ -104,6 +104,18 @@ def test_scores_are_clamped_and_nan_is_zero(raw: str, clamped: float) -> None:
     assert not math.isnan(decision.total)
 
 
+@pytest.mark.parametrize("at", [0, 1, 2])
+def test_a_nan_anywhere_among_in_range_scores_is_zero(at: int) -> None:
+    # min() and max() skip a NaN after the first element: the in-range check must not.
+    raws = ["0.25", "0.5", "0.75"]
+    raws[at] = "nan"
+    reps = [replica(f"r{i}", labels={"score": raw}) for i, raw in enumerate(raws)]
+    decision = _router((PluginSpec("label_a", 1.0),), seed=0).route(REQUEST, reps)
+    expect = {f"r{i}": 0.0 if i == at else float(raw) for i, raw in enumerate(raws)}
+    assert decision.scores["label_a"] == expect
+    assert not math.isnan(decision.total) and decision.total == max(expect.values())
+
+
 def test_totals_are_weighted_sums_and_scores_stay_unweighted() -> None:
     reps = [
         replica("a", labels={"a": "1.0", "b": "0.0"}),

@@ -144,7 +144,7 @@ async def test_upstream_validation_error_is_relayed(asgi_client: httpx.AsyncClie
 async def test_wrong_method_and_path(asgi_client: httpx.AsyncClient) -> None:
     r = await asgi_client.get("/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == 405
-    r = await asgi_client.post("/v1/embeddings", json={})
+    r = await asgi_client.post("/v1/images/generations", json={})
     assert r.status_code == 404 and r.json()["error"]["code"] == 404
     # Replica-only routes are not forwarded: the gateway proxies an allowlist.
     assert (await asgi_client.post("/reset_prefix_cache", json={})).status_code == 404

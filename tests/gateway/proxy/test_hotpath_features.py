@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.proxy.headers import client_response_headers
+from gateway.proxy.http_response import ResponseHeaders
 from gateway.proxy.requests import with_features
 from routing.types import RequestFeatures
 
@@ -38,3 +39,22 @@ def test_response_headers_drop_what_a_connection_header_names_and_set_the_id() -
         [("Connection", "keep-alive, x-secret"), ("X-Secret", "1")], "r"
     )
     assert named == [(b"x-request-id", b"r")]
+
+
+def test_upstream_headers_go_back_as_received_without_a_decode() -> None:
+    raw = [
+        (b"content-type", b"application/json"),
+        (b"connection", b"keep-alive, x-secret"),
+        (b"x-secret", b"1"),
+        (b"x-note", b"caf\xe9"),
+    ]
+    headers = ResponseHeaders(raw)
+    assert headers["Content-Type"] == "application/json" and headers.get("x-note") == "café"
+    assert list(headers.items()) == [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
+    assert headers.items()[1:2] == [("connection", "keep-alive, x-secret")]
+    out = client_response_headers(headers.items(), "r")
+    assert out == [raw[0], raw[3], (b"x-request-id", b"r")]
+    # The very pairs the client parsed: nothing decoded and encoded again on the way.
+    assert out[0] is raw[0] and out[1] is raw[3]
+    # The same answer from pairs of str (another Upstream) is converted to the same bytes.
+    assert client_response_headers(list(headers.items()), "r") == out

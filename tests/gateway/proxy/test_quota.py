@@ -101,7 +101,8 @@ def test_concurrency_counts_until_settled_and_a_refusal_takes_nothing() -> None:
         (b'{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2},"x":{"usage":null}}', 3),
         # Generated text that quotes a usage object is escaped: never read as usage.
         (b'{"choices":[{"text":"\\"usage\\":{\\"prompt_tokens\\":9}"}],"usage":null}', None),
-        (b'{"usage":{"prompt_tokens":5}}', None),
+        # A pooling route's usage: prompt tokens only, its whole charge.
+        (b'{"usage":{"prompt_tokens":5}}', 5),
         (b"", None),
     ],
 )
