@@ -285,7 +285,8 @@ class GatewayMetrics:
         )
         self._retries = Counter(
             "llm_gateway_upstream_retries",
-            "Attempts abandoned before their first byte and retried elsewhere, by reason.",
+            "Attempts abandoned before their first byte, by reason (each retried elsewhere unless "
+            "max_retries or the retry budget stopped it: see llm_gateway_retries_refused_total).",
             ["replica", "reason"],
             registry=self.registry,
         )

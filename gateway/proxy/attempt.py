@@ -38,12 +38,16 @@ _ERROR_BODY_LOG_LIMIT = 512
 class Retryable(Exception):
     """An attempt failed before any byte reached the client; another replica may serve it."""
 
-    def __init__(self, reason: str, client_error: GatewayError, detail: str = "") -> None:
+    def __init__(
+        self, reason: str, client_error: GatewayError, detail: str = "", unsent: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.client_error = client_error
         # The start of the replica's error body: the outlier policy looks for OOM in it.
         self.detail = detail
+        # The replica refused the connection: the request cost it nothing.
+        self.unsent = unsent
 
 
 async def try_replica(
@@ -101,6 +105,8 @@ async def try_replica(
         raise Retryable(
             type(exc).__name__,
             UpstreamFailed("The model server could not be reached."),
+            unsent=isinstance(exc, ConnectionRefusedError)
+            or isinstance(getattr(exc, "os_error", None), ConnectionRefusedError),
         ) from None
     except BaseException:
         if resp is not None:

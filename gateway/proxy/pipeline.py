@@ -135,8 +135,11 @@ class Pipeline:
         debug = decision_log.isEnabledFor(logging.DEBUG)
         tried: list[str] = []
         last: GatewayError | None = None
+        # A retry after a refused connection is exempt from the budget, which exists to keep
+        # retries from multiplying the replicas' load: the refused attempt put none on them.
+        unsent = False
         for attempt in range(1 if pinned is not None else 1 + self._cfg.max_retries):
-            if attempt and not self._retry_allowed():
+            if attempt and not unsent and not self._retry_allowed():
                 assert last is not None
                 self._metrics.retry_refused()
                 raise last
@@ -170,7 +173,7 @@ class Pipeline:
                 )
             lease = self._pool.acquire(name)
             replica = lease.replica
-            retry = attempt > 0
+            retry = attempt > 0 and not unsent
             self._retrying += retry
             # Counted as queued prefill on the replica until its first byte arrives.
             # The prefill it will cost there: the part of the prompt that replica doesn't hold.
@@ -209,7 +212,7 @@ class Pipeline:
                 )
                 self._metrics.retry(name, failure.reason)
                 tried.append(name)
-                last = failure.client_error
+                last, unsent = failure.client_error, failure.unsent
             except BaseException:
                 # Client gone or server stopping: not the replica's fault.
                 if span is not None:

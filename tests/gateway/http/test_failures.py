@@ -79,8 +79,11 @@ async def test_all_replicas_failing_gives_502_without_upstream_detail(fleet: Sim
         assert idle(gw)
 
 
-async def test_connection_refused_is_retried(fleet: SimFleet) -> None:
-    cfg = _slow_health(fleet)
+# With no retry budget at all too: a refused connection cost the replica nothing, so its
+# retry is exempt (the budget guards against retries multiplying the replicas' load).
+@pytest.mark.parametrize("budget", [{}, {"retry_budget_ratio": 0.0, "min_retry_concurrency": 0}])
+async def test_connection_refused_is_retried(fleet: SimFleet, budget: dict[str, float]) -> None:
+    cfg = _slow_health(fleet, **budget)
     async with in_process(cfg) as gw:
         c = gw.client
         await fleet.replicas[0].stop()

@@ -102,3 +102,17 @@ async def test_a_retry_that_ended_frees_its_place_in_the_budget() -> None:
         assert exchange.status == 200
         r.pipeline.finish(chat(), exchange, 200, True)
     assert refusals(r) == 0.0 and r.idle()
+
+
+async def test_a_refused_connection_is_retried_whatever_the_budget() -> None:
+    # The budget keeps retries from multiplying the replicas' load; a refused connection
+    # (a dead replica's port) put none on them, so its retry goes even with no budget at all.
+    r = rig([Answer(refuse=ConnectionRefusedError), Answer()], ratio=0.0, minimum=0)
+    exchange = await r.pipeline.open(chat(), [], time.perf_counter())
+    assert exchange.status == 200 and refusals(r) == 0.0
+    r.pipeline.finish(chat(), exchange, 200, True)
+    # A reset is not exempt: the replica may have started on the request.
+    r = rig([Answer(refuse=ConnectionResetError), Answer()], ratio=0.0, minimum=0)
+    err = await refused(r)
+    assert isinstance(err, UpstreamFailed) and refusals(r) == 1.0
+    assert len(r.upstream.calls) == 1 and r.idle()
