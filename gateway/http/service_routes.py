@@ -3,8 +3,7 @@ metrics, and the error answers of every Starlette route."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 import orjson
 from starlette.exceptions import HTTPException
@@ -17,34 +16,6 @@ from gateway.proxy.identity import ApiKeys
 from gateway.runtime import Runtime
 from telemetry.metrics import CONTENT_TYPE
 from vllm_api.errors import error_body
-
-
-def model_cards(
-    replicas: Iterable[tuple[bool, tuple[dict[str, Any], ...]]],
-) -> list[dict[str, Any]]:
-    """The union of the (healthy, cards) replicas' models and adapters, each id once.
-
-    vLLM reports `max_model_len` on a base model's card only: an adapter gets its parent's.
-    Replicas that disagree report the smallest, the longest request every one of them takes.
-    """
-    seen: dict[str, dict[str, Any]] = {}
-    base_len: dict[str, int] = {}
-    for healthy, cards in replicas:
-        if not healthy:
-            continue
-        for card in cards:
-            mid = str(card.get("id"))
-            length = card.get("max_model_len")
-            if isinstance(length, int):
-                base_len[mid] = min(length, base_len.get(mid, length))
-            seen.setdefault(mid, card)
-    out = []
-    for mid, card in seen.items():
-        parent = card.get("parent")
-        length = base_len.get(mid, base_len.get(parent) if isinstance(parent, str) else None)
-        same = card.get("max_model_len") == length
-        out.append(card if same else {**card, "max_model_len": length})
-    return out
 
 
 class ServiceRoutes:
@@ -74,7 +45,7 @@ class ServiceRoutes:
             self._authorize(request.headers.raw)
         except GatewayError as err:
             return error_response(err)
-        cards = model_cards((r.healthy, r.model_cards) for r in self.runtime.pool)
+        cards = self.runtime.pool.model_cards()
         body = orjson.dumps({"object": "list", "data": cards})
         return Response(body, media_type="application/json")
 

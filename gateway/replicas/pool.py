@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import ReplicaConfig
+from gateway.replicas.model_cards import model_cards
 from gateway.replicas.outlier import Ejection, OutlierConfig, OutlierPolicy
 from gateway.replicas.state import ReplicaState
 from routing.types import ReplicaSnapshot
@@ -249,14 +250,8 @@ class ReplicaPool:
         return any(r.healthy and not r.drained for r in self.replicas.values())
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """The union of what healthy replicas serve, each model once."""
-        seen: dict[str, dict[str, Any]] = {}
-        for r in self.replicas.values():
-            if not r.healthy:
-                continue
-            for card in r.model_cards:
-                seen.setdefault(str(card.get("id")), card)
-        return list(seen.values())
+        """The union of what healthy replicas serve, each model once (see model_cards.py)."""
+        return model_cards((r.healthy, r.model_cards) for r in self.replicas.values())
 
     def live_rows(self) -> list[dict[str, Any]]:
         now = self.clock()

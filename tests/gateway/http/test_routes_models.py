@@ -9,8 +9,8 @@ import httpx
 import openai
 
 from gateway.config import ReplicaConfig
-from gateway.http.service_routes import model_cards
 from gateway.process import running_gateway
+from gateway.replicas.model_cards import model_cards
 from simulator import SimConfig, SimFleet
 from tests.gateway.conftest import LORA, MODEL, SIM, eventually, gateway_config, set_faults
 
@@ -48,6 +48,9 @@ async def test_models_are_the_union_of_the_fleets_models_and_adapters() -> None:
             assert lengths == {MODEL: 2048, LORA: 2048, "other-7b": 4096, "other-lora": 4096,
                                "sim-embed": 512}  # fmt: skip
             assert cards[LORA]["parent"] == MODEL and cards["other-lora"]["parent"] == "other-7b"
+            # gRPC's ListModels lists the pool's union: the same cards, lengths included.
+            union = {c["id"]: c.get("max_model_len") for c in pool.model_cards()}
+            assert union == lengths
             # A replica that is down takes its models out of the list until it is back.
             await set_faults(other.replicas[0].url, unhealthy=True)
             await eventually(lambda: not pool["other-0"].healthy, what="other-0 down")
