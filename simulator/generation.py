@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ from aiohttp import web
 
 from simulator import protocol as P
 from simulator.engine import EngineFailure, EngineRequest
+from simulator.http_util import error_response
 
 if TYPE_CHECKING:
     from simulator.replica import Replica
@@ -45,6 +46,19 @@ def reset(request: web.Request) -> web.Response:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         tr.abort()
     return web.Response(status=500)  # never reaches the peer: the transport is gone
+
+
+async def early_answer(
+    request: web.Request,
+    rep: Replica,
+    render: Callable[[int, str], web.Response] = error_response,
+) -> web.StreamResponse | None:
+    """What the before-first-byte faults answer (a refusal in the route's own error shape, via
+    `render`), or None: the request goes on."""
+    refused = await before_first_byte(request, rep)
+    if isinstance(refused, Refusal):
+        return render(refused.status, refused.message)
+    return refused
 
 
 async def before_first_byte(request: web.Request, rep: Replica) -> Refusal | web.Response | None:
@@ -168,15 +182,9 @@ async def pieces(
 ) -> AsyncIterator[str]:
     """The text of one streamed choice, a chunk (stream_interval tokens) at a time, with the
     mid-stream faults; raises EngineFailure (generation failed) or StreamCut (socket reset)."""
-    engine, interval = rep.engine, rep.config.stream_interval
     stalled = False
     while c.finish is None:
-        f = rep.faults
-        want = c.sent + interval if c.sent else 1
-        if f.reset_after_tokens is not None and c.sent < f.reset_after_tokens:
-            want = min(want, f.reset_after_tokens)
-        await engine.wait(c.req, want)
-        err = c.req.error
+        err = await next_chunk(rep, c)
         if err is not None:
             if err.kind == "restart":
                 reset(request)
@@ -195,6 +203,17 @@ async def pieces(
         ):
             stalled = True
             await asyncio.sleep(f.stall_seconds)  # the fault itself: silence mid-stream
+
+
+async def next_chunk(rep: Replica, c: Choice) -> EngineFailure | None:
+    """Wait for choice c's next chunk (stream_interval tokens, cut at the reset fault's
+    token); the engine's failure, if generation failed."""
+    f = rep.faults
+    want = c.sent + rep.config.stream_interval if c.sent else 1
+    if f.reset_after_tokens is not None and c.sent < f.reset_after_tokens:
+        want = min(want, f.reset_after_tokens)
+    await rep.engine.wait(c.req, want)
+    return c.req.error
 
 
 async def complete(rep: Replica, c: Choice, stops: tuple[str, ...] = ()) -> str:
@@ -233,9 +252,11 @@ __all__ = [
     "advance",
     "before_first_byte",
     "complete",
+    "early_answer",
     "find_stop",
     "kv_refusal",
     "new_request",
+    "next_chunk",
     "pieces",
     "reset",
     "running",

@@ -52,11 +52,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     rep = replica_of(request)
-    refused = await G.before_first_byte(request, rep)
-    if isinstance(refused, G.Refusal):
-        return error_response(refused.status, refused.message)
-    if refused is not None:
-        return refused
+    if (early := await G.early_answer(request, rep)) is not None:
+        return early
     try:
         gen = P.parse_gen(
             P.parse_body(await request.read()), chat=chat, default_model=rep.served[0]
@@ -130,7 +127,6 @@ async def _stream(
     frames = P.StreamFrames(request_id, int(time.time()), gen.model, chat)
     resp = web.StreamResponse(headers=_SSE_HEADERS)
     await resp.prepare(request)
-    engine, interval = rep.engine, rep.config.stream_interval
     stalled = False
     pending = b"".join(frames.role(c.index) for c in choices) if chat else b""
     while True:
@@ -138,13 +134,8 @@ async def _stream(
         for c in choices:
             if c.finish is not None:
                 continue
-            f = rep.faults
-            want = c.sent + interval if c.sent else 1
-            if f.reset_after_tokens is not None and c.sent < f.reset_after_tokens:
-                want = min(want, f.reset_after_tokens)
             # Siblings share engine steps, so waiting on them in turn delays none of them.
-            await engine.wait(c.req, want)
-            err = c.req.error
+            err = await G.next_chunk(rep, c)
             if err is not None:
                 if err.kind == "restart":
                     _reset(request)

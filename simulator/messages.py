@@ -133,11 +133,8 @@ def _usage(rep: Replica, c: G.Choice) -> dict[str, Any]:
 
 async def create(request: web.Request) -> web.StreamResponse:
     rep = replica_of(request)
-    refused = await G.before_first_byte(request, rep)
-    if isinstance(refused, G.Refusal):
-        return _anthropic(refused.status, refused.message)
-    if refused is not None:
-        return refused
+    if (early := await G.early_answer(request, rep, _anthropic)) is not None:
+        return early
     try:
         body = P.parse_body(await request.read())
         rq = _parse(body, generate=True)

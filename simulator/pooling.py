@@ -162,13 +162,10 @@ def _model(rep: Replica, body: dict[str, Any]) -> str:
     return str(model)
 
 
-async def _serve(request: web.Request, route: str) -> web.Response:
+async def _serve(request: web.Request, route: str) -> web.StreamResponse:
     rep = replica_of(request)
-    refused = await G.before_first_byte(request, rep)
-    if isinstance(refused, G.Refusal):
-        return error_response(refused.status, refused.message)
-    if refused is not None:
-        return refused
+    if (early := await G.early_answer(request, rep)) is not None:
+        return early
     # vLLM's order: the request model, the task, the model name, pooling params, the prompts.
     try:
         body = P.parse_body(await request.read())
@@ -202,11 +199,11 @@ async def _serve(request: web.Request, route: str) -> web.Response:
     return json_response(answer)
 
 
-async def embeddings(request: web.Request) -> web.Response:
+async def embeddings(request: web.Request) -> web.StreamResponse:
     return await _serve(request, "embeddings")
 
 
-async def pooling(request: web.Request) -> web.Response:
+async def pooling(request: web.Request) -> web.StreamResponse:
     return await _serve(request, "pooling")
 
 

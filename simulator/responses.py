@@ -232,11 +232,8 @@ def _usage(rep: Replica, c: G.Choice) -> dict[str, Any]:
 async def create(request: web.Request) -> web.StreamResponse:
     rep = replica_of(request)
     store = request.app[STORE]
-    refused = await G.before_first_byte(request, rep)
-    if isinstance(refused, G.Refusal):
-        return error_response(refused.status, refused.message)
-    if refused is not None:
-        return refused
+    if (early := await G.early_answer(request, rep)) is not None:
+        return early
     try:
         rq = _parse(P.parse_body(await request.read()), rep.served[0])
         if rq.model not in rep.served:

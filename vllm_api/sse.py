@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
 from vllm_api.errors import VllmApiError, error_body
@@ -30,7 +31,7 @@ class SseError(VllmApiError):
     """The stream is not well-formed SSE, or an event outgrew the size limit."""
 
 
-class EventParser(Generic[E]):
+class EventParser(ABC, Generic[E]):
     """Feed raw chunks; get every event they complete, in order, as `_event` makes it."""
 
     __slots__ = ("_buf", "_data", "_max_event_bytes", "_name", "_size")
@@ -63,8 +64,9 @@ class EventParser(Generic[E]):
         """Whether bytes of an unfinished event are buffered (the stream stopped mid-event)."""
         return bool(self._buf.strip(b"\r")) or bool(self._data)
 
+    @abstractmethod
     def _event(self, name: bytes, data: bytes) -> E:
-        raise NotImplementedError
+        """One complete event as this parser hands it out."""
 
     def _line(self, line: bytes, events: list[E]) -> None:
         if not line:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from pathlib import Path
 
@@ -13,11 +12,12 @@ import orjson
 import pytest
 
 from benchmarks import overhead
-from benchmarks.nginx_upstream import EVENT_BYTES, nginx_binary, nginx_config, padded_stream
+from benchmarks.nginx_upstream import EVENT_BYTES, nginx_config, padded_stream
 from benchmarks.overhead_wrk import gateway_toml, parse_gateway
 from benchmarks.overhead_wrk_report import DIRECT, WrkRound, build_rows, evaluate_targets
-from benchmarks.wrk_load import WrkError, WrkResult, lua_script, parse_output, wrk_binary
+from benchmarks.wrk_load import WrkError, WrkResult, lua_script, parse_output
 from gateway.config import load_config
+from tests.system_programs import program
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,17 +158,9 @@ def test_gateway_builds_are_source_trees() -> None:
             parse_gateway(bad)
 
 
-def _need(found: str | None, name: str) -> None:
-    if found is None:
-        message = f"{name} is not installed (python -m benchmarks.vllm_cpu prepare)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def test_a_short_real_run_through_the_gateway(tmp_path: Path) -> None:
-    _need(wrk_binary(), "wrk")
-    _need(nginx_binary(), "nginx")
+    program("wrk")
+    program("nginx")
     parser = argparse.ArgumentParser()
     overhead.add_arguments(parser)
     out = tmp_path / "wrk"
