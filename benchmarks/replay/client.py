@@ -8,7 +8,7 @@ import time
 import aiohttp
 import orjson
 
-from benchmarks.replay.contenders import Direct
+from benchmarks.replay.contenders import Direct, Placed
 from benchmarks.replay.loop import Record
 from benchmarks.replay.workloads import Item
 from benchmarks.routing_bench.contenders import Contender
@@ -38,8 +38,13 @@ class Client:
         req = item.req
         rid = f"{self.contender.name.replace(':', '_')}-{req.rid}"
         c = self.contender
-        base = c.url_for(item) if isinstance(c, Direct) else self.base
+        where: int | None = None
+        base = self.base
+        if isinstance(c, Direct | Placed):
+            where, base = c.replica_for(item), c.url_for(item)
         rec: Record = {"rid": req.rid, "conv": item.conv, "turn": item.turn, "sent": time.time()}
+        # Where it ran, when the client knows (a gateway's is filled in from its log later).
+        rec["replica"] = where
         rec.update(ttft=None, gaps=[], e2e=None, tokens=0, status=0, error=None)
         rec.update(prompt_tokens=None, cached_tokens=None)
         headers = {**self.headers, "x-request-id": rid}
@@ -81,7 +86,7 @@ async def until_routing(client: Client) -> tuple[int, float]:
     enough: more probes would feed a cache-aware router's tree with text of no workload.
     No answer within READY_TIMEOUT_S raises RunError.
     """
-    if isinstance(client.contender, Direct):
+    if isinstance(client.contender, Direct | Placed):
         return 0, 0.0
     t0 = time.monotonic()
     sent = 0

@@ -17,7 +17,7 @@ FIELDS = (
     "ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "replica_requests", "shares", "max_min_share",
     "idle_replicas", "hit_rate", "ceiling", "ceiling_as_sent", "cached_token_rate",
     "replica_cpu_s", "cpu_vs_direct", "contender_cpu_s", "client_cpu_s", "others_cpu_s",
-    "preemptions", "errors", "probes", "ready_s",
+    "preemptions", "errors", "probes", "ready_s", "busy_replicas", "per_busy_replica",
 )  # fmt: skip
 
 
@@ -83,7 +83,8 @@ _COLUMNS = (
     ("hit rate", "hit_rate", ".3f"), ("ceiling", "ceiling", ".3f"),
     ("max/min share", "max_min_share", ".2f"), ("replicas' CPU s", "replica_cpu_s", ".2f"),
     ("vs direct", "cpu_vs_direct", ".3f"), ("router CPU s", "contender_cpu_s", ".2f"),
-    ("others' CPU s", "others_cpu_s", ".1f"),
+    ("others' CPU s", "others_cpu_s", ".1f"), ("busy replicas", "busy_replicas", ".2f"),
+    ("per busy replica", "per_busy_replica", ".2f"),
 )  # fmt: skip
 
 
@@ -113,6 +114,14 @@ Closed loop: exactly `in_flight` requests run at a time, a pool of workers each 
 next ready request the moment its previous one ends; a conversation's next turn is ready only
 once its previous answer has ended. `direct` sends a request straight to replica
 `group mod N` (long_prefixes) or `user mod N` (multi_round_chat): the ceiling's placement.
+`placed:X` sends each request straight to the replica `gateway:X` chose for it earlier in the
+same round (from the gateway's request log): the same placement without the relay and the
+gateway's observation of the replicas.
+Busy replicas: the time-weighted mean number of replicas running at least one of the replay's
+requests (client-side send to end), over the time any ran; per busy replica: requests running
+over busy replicas (1.00: never two together). Where replicas share CPU cores (more replicas
+than cores), work spread over more busy replicas batches less and contends more, so wall time
+and CPU seconds depend on how requests meet, not only on how many each replica got.
 Wall time: first send to last answer. Hit rate: the replicas' own
 `vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`, deltas over the replay summed
 over replicas. Shares: each replica's delta of `vllm:request_success_total` (summed over its

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,8 @@ from benchmarks.replay.ceiling import (
     working_set_blocks,
 )
 from benchmarks.replay.client import Client, until_routing, warm
-from benchmarks.replay.contenders import DIRECT
+from benchmarks.replay.colocation import colocation
+from benchmarks.replay.contenders import DIRECT, Placed, PlacementMissing
 from benchmarks.replay.loop import Record, closed_loop
 from benchmarks.replay.workloads import Item, Spec, build
 from benchmarks.routing_bench.contenders import Contender, ContenderUnavailable
@@ -36,10 +38,15 @@ from benchmarks.routing_bench.fleet import (
     start_sim,
     start_vllm_cpu,
 )
+from benchmarks.routing_bench.gateway_contender import GatewayContender
 from benchmarks.routing_bench.runner import RunError, wait_idle
 from benchmarks.routing_bench.stats import cached_token_rate, error_kinds, ok, percentile
 
 BLOCK_SIZE = {"sim": 16, "vllm-cpu": 32}  # vLLM's CPU backend needs a multiple of 32
+# How long a gateway's request log may trail the client's last answer.
+_PLACEMENT_WAIT_S = 5.0
+# (contender, round) -> request id -> replica index, as a gateway placed them.
+Placements = dict[tuple[str, int], dict[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +160,7 @@ def summarize(
         "cached_token_rate": _r(cached_token_rate(good)),
         "preemptions": round(sum(measure.deltas(before, after, PREEMPTIONS))),
         "errors": error_kinds(records),
+        **colocation(records),
     }
 
 
@@ -163,11 +171,20 @@ async def run_contender(
     prep: Prepared,
     rnd: int,
     c: Contender,
+    placements: Placements,
 ) -> dict[str, Any]:
-    """One contender x one round on cold caches: its row (status ok, unavailable or failed)."""
+    """One contender x one round on cold caches: its row (status ok, unavailable or failed).
+
+    A gateway's placement of the round goes into `placements`; a `placed:` contender reads it.
+    """
     row: dict[str, Any] = {"contender": c.name, "workload": prep.name, "round": rnd}
     row["ceiling"] = _r(prep.ceiling[rnd])
     urls = fleet.info.urls
+    if isinstance(c, Placed):
+        try:
+            c.use(placements.get((c.source, rnd), {}), prep.items[rnd])
+        except PlacementMissing as exc:
+            return {**row, "status": "unavailable", "reason": str(exc)}
     await wait_idle(session, urls)
     try:
         base = await c.start(fleet.info)
@@ -185,6 +202,8 @@ async def run_contender(
             async with asyncio.timeout(cfg.replay_timeout_s):
                 records = await closed_loop(prep.items[rnd], cfg.in_flight, sender.send)
             end = measure.CpuMark.take(fleet.pids(), c.pids())
+            if isinstance(c, GatewayContender) and c.mode.request_log:
+                placements[(c.name, rnd)] = await _placed(c, records)
         # The replicas' counters settle once nothing runs (the last finish is recorded).
         await wait_idle(session, urls)
         after = await measure.counters(session, urls)
@@ -198,6 +217,29 @@ async def run_contender(
     row.update(status="ok", wall_s=round(end.t - mark.t, 2), **measure.cpu_delta(mark, end))
     row.update(summarize(records, prep.ids[rnd], prep.sizing.block_size, before, after))
     return row
+
+
+async def _placed(c: GatewayContender, records: list[Record]) -> dict[str, int]:
+    """Where the gateway sent each request (from its request log), also set on the records.
+
+    A request's record is logged once its stream has ended at the gateway, which can be just
+    after the client read the last byte: the log is read again until it has every request.
+    """
+    prefix = c.name.replace(":", "_") + "-"  # the x-request-id Client sends
+    want = {rec["rid"] for rec in records}
+    deadline = time.monotonic() + _PLACEMENT_WAIT_S
+    while True:
+        index = {}
+        for request_id, name in c.placements().items():
+            # The generated config names replica i "replica-i".
+            if request_id.startswith(prefix) and name.startswith("replica-"):
+                index[request_id.removeprefix(prefix)] = int(name.removeprefix("replica-"))
+        if want <= index.keys() or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)  # polling the log file under a deadline
+    for rec in records:
+        rec["replica"] = index.get(rec["rid"])
+    return index
 
 
 def add_cpu_ratio(rows: list[dict[str, Any]]) -> None:
@@ -221,6 +263,7 @@ async def run_workload(
     Returns the rows and the fleet's parameters as it ran.
     """
     rows: list[dict[str, Any]] = []
+    placements: Placements = {}
     fleet = await start_fleet(cfg, prep)
     try:
         async with aiohttp.ClientSession() as session:
@@ -228,7 +271,7 @@ async def run_workload(
             for rnd in cfg.rounds:
                 for c in contenders:
                     _say(f"== {prep.name} round {rnd}: {c.name}")
-                    row = await run_contender(cfg, session, fleet, prep, rnd, c)
+                    row = await run_contender(cfg, session, fleet, prep, rnd, c, placements)
                     _say(f"   {_brief(row)}")
                     rows.append(row)
     finally:

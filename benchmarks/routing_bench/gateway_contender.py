@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
@@ -11,9 +12,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from benchmarks.procs import descendants, http_status, stop_process
 from benchmarks.redis_proc import RedisProcess, RedisProcessError
 from benchmarks.routing_bench.contenders import ContenderUnavailable, FleetInfo
+from gateway.logs import REQUEST_LOGGER
 
 _REPO = Path(__file__).resolve().parents[2]
 _START_TIMEOUT_S = 30.0
@@ -29,6 +33,7 @@ class GatewayMode:
     workers: gateway processes in all; hosts: over how many listen addresses (127.0.0.1,
     127.0.0.2, ...: "hosts" of workers/hosts processes each, the load spread over them);
     shared_state: the processes share routing state through a real Redis started for them.
+    request_log: one JSON record per request in the log, for `placements()`.
     """
 
     label: str
@@ -38,6 +43,7 @@ class GatewayMode:
     workers: int = 1
     hosts: int = 1
     shared_state: bool = False
+    request_log: bool = False
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.workers < self.hosts or self.workers % self.hosts:
@@ -82,6 +88,8 @@ def gateway_toml(
             extra = extra.replace(header, f"{header}url = {_q(redis_url)}\n", 1)
         else:
             lines += ["[shared_state]", f"url = {_q(redis_url)}", ""]
+    if mode.request_log:
+        lines += ["[telemetry]", "request_log = true", 'log_format = "json"', ""]
     if mode.precise:
         lines += [
             "[cache_index]",
@@ -154,7 +162,8 @@ class GatewayContender:
     async def _spawn(self, cfg: Path, log: Path, workers: int) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
-        argv = [sys.executable, "-m", "gateway.cli", "--log-level", "warning", "serve"]
+        level = "info" if self.mode.request_log else "warning"
+        argv = [sys.executable, "-m", "gateway.cli", "--log-level", level, "serve"]
         argv += ["-c", str(cfg)] + (["--workers", str(workers)] if workers > 1 else [])
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
@@ -194,6 +203,21 @@ class GatewayContender:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+    def placements(self) -> dict[str, str]:
+        """Request id -> replica name of every request logged so far (mode.request_log)."""
+        out: dict[str, str] = {}
+        if self._tmp is None:
+            return out
+        for log in sorted(Path(self._tmp.name).glob("gateway-*.log")):
+            for line in log.read_bytes().splitlines():
+                if not line.startswith(b"{"):
+                    continue
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    rec = orjson.loads(line)
+                    if rec.get("logger") == REQUEST_LOGGER and rec.get("replica"):
+                        out[str(rec["request_id"])] = str(rec["replica"])
+        return out
 
     def pids(self) -> list[int]:
         """Every gateway process (workers included) and the Redis they share."""

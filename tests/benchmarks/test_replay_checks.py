@@ -8,7 +8,8 @@ import pytest
 
 from benchmarks.replay import measure
 from benchmarks.replay.checks import all_passed, evaluate
-from benchmarks.replay.contenders import Direct, resolve
+from benchmarks.replay.colocation import colocation
+from benchmarks.replay.contenders import Direct, Placed, PlacementMissing, resolve
 from benchmarks.replay.report import FIELDS, render_markdown, write_report
 from benchmarks.replay.runner import add_cpu_ratio
 from benchmarks.replay.workloads import (
@@ -22,7 +23,7 @@ from benchmarks.replay.workloads import (
 )
 from benchmarks.routing_bench.contenders import FleetInfo
 from benchmarks.routing_bench.fleet import HITS, QUERIES, SUCCESS, parse_metrics
-from benchmarks.routing_bench.gateway_contender import GatewayMode
+from benchmarks.routing_bench.gateway_contender import GatewayContender, GatewayMode
 
 
 def test_shares_and_their_max_min_ratio() -> None:
@@ -160,3 +161,35 @@ def test_params_set_sizes_and_refuse_typos() -> None:
                 "long_prefixes.users=x", "long_prefixes.users"):  # fmt: skip
         with pytest.raises(ReplayWorkloadError):
             with_params(SPECS, [bad])
+
+
+def test_placed_needs_its_gateway_first_and_a_placement_for_every_request() -> None:
+    got = resolve(["gateway:default", "placed:default"])
+    placed = got[1]
+    assert isinstance(placed, Placed) and placed.source == "gateway:default"
+    # Every gateway contender logs its placements.
+    assert all(c.mode.request_log for c in got if isinstance(c, GatewayContender))
+    for bad in (["placed:default"], ["placed:default", "gateway:default"], ["placed:nope"]):
+        with pytest.raises(ValueError, match="must come after"):
+            resolve(bad)
+    items = long_prefix_items(LongPrefixSpec(groups=2, users=1, turns=1), 0, 8)
+    with pytest.raises(PlacementMissing, match="placed 1 of 2"):
+        placed.use({items[0].req.rid: 1}, items)
+    placed.use({items[0].req.rid: 1, items[1].req.rid: 0}, items)
+    assert [placed.replica_for(it) for it in items] == [1, 0]
+
+
+def test_colocation_weights_time_and_needs_every_placement() -> None:
+    recs = [
+        {"sent": 0.0, "ended": 2.0, "replica": 0},
+        {"sent": 0.0, "ended": 1.0, "replica": 0},  # with the first: 2 on one replica for 1 s
+        {"sent": 1.0, "ended": 2.0, "replica": 1},  # then 2 replicas, one each, for 1 s
+        {"sent": 3.0, "ended": 4.0, "replica": 1},  # a gap nothing ran in counts for nothing
+    ]
+    assert colocation(recs) == {"busy_replicas": 1.333, "per_busy_replica": 1.25}
+    # Back to back on one replica: the end and the next send at one instant never overlap.
+    chain = [{"sent": 0.0, "ended": 1.0, "replica": 0}, {"sent": 1.0, "ended": 2.0, "replica": 0}]
+    assert colocation(chain) == {"busy_replicas": 1.0, "per_busy_replica": 1.0}
+    unknown = [*recs, {"sent": 0.0, "ended": 1.0, "replica": None}]
+    assert colocation(unknown) == {"busy_replicas": None, "per_busy_replica": None}
+    assert colocation([]) == {"busy_replicas": None, "per_busy_replica": None}

@@ -26,15 +26,16 @@ async def test_tiny_replay_reads_the_replicas_counters_and_writes_every_field(
     tmp_path: Path,
 ) -> None:
     argv = "--fleet sim --replicas 2 --in-flight 2 --rounds 0 --time-scale 4"
-    argv += " --contenders direct,gateway:default --param multi_round_chat.users=4"
+    argv += " --contenders direct,gateway:default,placed:default"
+    argv += " --param multi_round_chat.users=4"
     argv += " --param multi_round_chat.turns=3 --param long_prefixes.groups=4"
     argv += " --param long_prefixes.turns=2"
     cfg = config_from_args(_args(*argv.split(), "--out", str(tmp_path)))
     rows, report = await run_replay(cfg)
     data = json.loads((tmp_path / "results.json").read_text())
     assert [(r["workload"], r["contender"]) for r in data["rows"]] == [
-        ("multi_round_chat", "direct"), ("multi_round_chat", "gateway:default"),
-        ("long_prefixes", "direct"), ("long_prefixes", "gateway:default"),
+        (w, c) for w in ("multi_round_chat", "long_prefixes")
+        for c in ("direct", "gateway:default", "placed:default")
     ]  # fmt: skip
     for r in data["rows"]:
         assert r["status"] == "ok", r
@@ -47,11 +48,16 @@ async def test_tiny_replay_reads_the_replicas_counters_and_writes_every_field(
         assert 0.0 < r["hit_rate"] <= r["ceiling"] + 1e-9 <= 1.0
         assert r["ceiling_as_sent"] == pytest.approx(r["ceiling"], abs=0.05)
         assert r["replica_cpu_s"] > 0 and r["wall_s"] > 0
+        assert 1.0 <= r["busy_replicas"] <= 2.0 and 1.0 <= r["per_busy_replica"] <= 2.0
     # Our gateway answered a probe before its replay; direct needs none.
-    assert [(r["probes"] >= 1, r["ready_s"] >= 0) for r in data["rows"][:2]] == [
-        (False, True), (True, True),
+    assert [(r["probes"] >= 1, r["ready_s"] >= 0) for r in data["rows"][:3]] == [
+        (False, True), (True, True), (False, True),
     ]  # fmt: skip
-    direct = data["rows"][2]
+    # placed:default replays the gateway's placement: each replica served the same requests.
+    for i in (0, 3):
+        gw, placed = data["rows"][i + 1], data["rows"][i + 2]
+        assert placed["replica_requests"] == gw["replica_requests"]
+    direct = data["rows"][3]
     # Direct placement by group: groups 0 and 2 on replica 0, 1 and 3 on replica 1.
     assert direct["replica_requests"] == [8, 8] and direct["cpu_vs_direct"] == 1.0
     # A group's conversations on one replica: near the ceiling (two of a group's turns may
@@ -73,7 +79,10 @@ async def test_tiny_replay_reads_the_replicas_counters_and_writes_every_field(
     raw = tmp_path / "raw" / "long_prefixes-r0-gateway_default.jsonl"
     recs = [json.loads(x) for x in raw.read_text().splitlines()]
     assert {r["rid"]: r["prompt_tokens"] for r in recs} == want
-    assert len(rows) == 4
+    assert len(rows) == 6
+    placed_raw = tmp_path / "raw" / "long_prefixes-r0-placed_default.jsonl"
+    placed_recs = [json.loads(x) for x in placed_raw.read_text().splitlines()]
+    assert {r["rid"]: r["replica"] for r in placed_recs} == {r["rid"]: r["replica"] for r in recs}
 
 
 def test_bad_options_fail_before_any_fleet_starts() -> None:
