@@ -82,6 +82,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 # The demo's embedding model, served by a simulated pooling replica.
 DEMO_EMBED_MODEL = "sim-embed"
+# The demo's speech-to-text model (/v1/audio/*, /v1/realtime), a simulated transcription replica.
+DEMO_AUDIO_MODEL = "sim-whisper"
 
 
 async def _demo(args: argparse.Namespace) -> None:
@@ -93,9 +95,13 @@ async def _demo(args: argparse.Namespace) -> None:
     embed_cfg = SimConfig(
         model=DEMO_EMBED_MODEL, runner="pooling", time_scale=args.time_scale, kv_events=False
     )
+    audio_cfg = SimConfig(
+        model=DEMO_AUDIO_MODEL, runner="transcription", time_scale=args.time_scale, kv_events=False
+    )
     async with (
         SimFleet(sim_cfg, replicas=args.replicas, host="127.0.0.1", base_port=0) as fleet,
         SimFleet(embed_cfg, replicas=1, host="127.0.0.1", base_port=0) as embed_fleet,
+        SimFleet(audio_cfg, replicas=1, host="127.0.0.1", base_port=0) as audio_fleet,
     ):
         # The simulated replicas publish KV events and tokenize with the built-in tokenizer:
         # the demo runs the precise prefix index, as a fleet with vLLM's KV events would.
@@ -106,6 +112,7 @@ async def _demo(args: argparse.Namespace) -> None:
             replicas=(
                 *(ReplicaConfig(url=r.url, name=r.name, kv_events="auto") for r in fleet.replicas),
                 *(ReplicaConfig(url=r.url, name=f"embed-{r.index}") for r in embed_fleet.replicas),
+                *(ReplicaConfig(url=r.url, name=f"audio-{r.index}") for r in audio_fleet.replicas),
             ),
         )
         async with _serving(cfg, args.workers, args.log_level) as (url, grpc_port):
@@ -115,6 +122,8 @@ async def _demo(args: argparse.Namespace) -> None:
                 print(f"  {r.name}: {r.url}")
             for r in embed_fleet.replicas:
                 print(f"  embed-{r.index} ({DEMO_EMBED_MODEL}, embeddings): {r.url}")
+            for r in audio_fleet.replicas:
+                print(f"  audio-{r.index} ({DEMO_AUDIO_MODEL}, transcription): {r.url}")
             print("Try:")
             print(
                 f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' "

@@ -32,6 +32,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 * 1024 * 1024
+    # The audio routes' multipart bodies (vLLM's own upload limit is 25 MB).
+    max_audio_body_bytes: int = 25 * 1024 * 1024
     # Seconds to let in-flight streams finish after SIGTERM before aborting them.
     drain_timeout_s: float = 30.0
     # Seconds a client may take to send its headers and body (slowloris guard).
@@ -69,8 +71,17 @@ class ServerConfig:
     # Gateway processes sharing the listener (SO_REUSEPORT; gateway/supervisor.py); 0 = one
     # per core. `--workers` overrides it.
     workers: int = 1
+    # /v1/realtime (WebSocket): the largest message either way (1009 past it), the seconds a
+    # session may pass with no message either way, and the sessions open at once (503 past
+    # it; each holds one of the loops' pooled connections to its replica until it closes).
+    realtime_max_message_bytes: int = 16 * 1024 * 1024
+    realtime_idle_timeout_s: float = 120.0
+    realtime_max_sessions: int = 256
 
     def __post_init__(self) -> None:
+        for name in ("realtime_max_message_bytes", "realtime_idle_timeout_s"):
+            _positive(name, getattr(self, name))
+        _positive("realtime_max_sessions", self.realtime_max_sessions)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if self.workers < 0:
@@ -79,6 +90,7 @@ class ServerConfig:
         if set(self.api_keys) & set(self.admin_keys):
             raise ValueError("admin_keys must not repeat a key of api_keys")
         _positive("max_body_bytes", self.max_body_bytes)
+        _positive("max_audio_body_bytes", self.max_audio_body_bytes)
         _positive("drain_timeout_s", self.drain_timeout_s)
         _positive("request_receive_timeout_s", self.request_receive_timeout_s)
         _positive("max_header_bytes", self.max_header_bytes)

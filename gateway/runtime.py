@@ -115,6 +115,12 @@ class Runtime:
         assert self._pipeline is not None, "runtime not started"
         return self._pipeline
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The process's one aiohttp session (loops, and /v1/realtime's upstream sockets)."""
+        assert self._session is not None, "runtime not started"
+        return self._session
+
     async def start(self) -> None:
         session = make_session(self.config.upstream)
         self._session = session
@@ -132,6 +138,8 @@ class Runtime:
             self.tenancy,
         )
         checker = HealthChecker(self.config.health_check, session, self.pool)
+        # One process scrapes each replica for every process sharing state ([shared_state]).
+        leases = self.shared_state.scrapes if self.shared_state is not None else None
         scores = ScoreLoop(
             self.config.score_loop,
             session,
@@ -140,7 +148,10 @@ class Runtime:
             on_restart=self._replica_restarted,
             on_preemptions=self.pool.preempted,
             workers=self.worker_count,
+            share=leases,
         )
+        if leases is not None:
+            leases.on_result = scores.apply_remote
         # One probe and scrape round before serving: a healthy fleet is routable, with load
         # figures, from the first request.
         await asyncio.gather(*(checker.probe(r) for r in self.pool))

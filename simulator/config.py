@@ -14,6 +14,8 @@ from simulator.timing import (
     TimingModel,
 )
 
+RUNNERS = ("generate", "pooling", "transcription")
+
 
 class SimError(Exception):
     """Root error of the simulator package."""
@@ -116,6 +118,9 @@ class SimConfig:
     responses_store_size: int = 10_000
     # vLLM's --runner: "generate" serves the generation routes, "pooling" (an embedding model,
     # --convert embed) /v1/embeddings and /pooling instead; each answers the other's with 404.
+    # "transcription": a Whisper-type model (supports_transcription_only), whose only task is
+    # transcription: vLLM registers /v1/audio/transcriptions, /translations and /v1/realtime,
+    # and none of the generation routes.
     runner: str = "generate"
     # A pooling replica's vector size, and whether it takes `dimensions` (Matryoshka).
     embedding_size: int = 64
@@ -135,8 +140,8 @@ class SimConfig:
             raise SimError("metrics_cost_ms must be >= 0")
         if self.responses_store_size < 1:
             raise SimError("responses_store_size must be >= 1")
-        if self.runner not in ("generate", "pooling"):
-            raise SimError("runner must be 'generate' or 'pooling'")
+        if self.runner not in RUNNERS:
+            raise SimError("runner must be 'generate', 'pooling' or 'transcription'")
         if self.embedding_size < 1:
             raise SimError("embedding_size must be >= 1")
 

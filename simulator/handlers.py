@@ -11,8 +11,8 @@ import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from simulator import audio, batch, messages, pooling, realtime, responses, scoring, service_routes
 from simulator import generation as G
-from simulator import messages, pooling, responses, scoring, service_routes
 from simulator import protocol as P
 from simulator.config import SimError
 from simulator.generation import CHOICE_STRIDE as _CHOICE_STRIDE
@@ -230,9 +230,13 @@ def add_routes(app: web.Application) -> None:
     if app[REPLICA].config.runner == "pooling":
         pooling.add_routes(app)
         scoring.add_routes(app)  # vLLM enables scoring for an embedding model
+    elif app[REPLICA].config.runner == "transcription":
+        audio.add_routes(app)  # a Whisper-type model's only task
     else:
         app.router.add_post("/v1/completions", completions)
         app.router.add_post("/v1/chat/completions", chat_completions)
+        batch.add_routes(app)
         responses.add_routes(app)
         messages.add_routes(app)
+    realtime.add_routes(app)  # the WebSocket route, or the upgrade refusal without it
     service_routes.add_routes(app)

@@ -58,6 +58,9 @@ class EngineStats:
     prefill: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     # (running adapters, waiting adapters) -> Unix time that label set was last seen.
     lora_info: dict[tuple[str, str], float] = field(default_factory=dict)
+    # /metrics bodies rendered: what the scrapers cost the replica, counted on its side (not
+    # exposed: vLLM has no such family).
+    renders: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,8 @@ def render(
     cache_info: dict[str, str],
     max_lora: int | None,
 ) -> bytes:
-    """The /metrics body (text format 0.0.4)."""
+    """The /metrics body (text format 0.0.4); counted in `stats.renders`."""
+    stats.renders += 1
     lb = f'model_name="{model}",engine="0"'
     out: list[str] = []
     for name, help_, value in (

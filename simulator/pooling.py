@@ -63,6 +63,9 @@ def embed(ids: list[int], size: int, dimensions: int | None, activation: bool) -
 
 def _prompts(rep: Replica, body: dict[str, Any]) -> list[list[int]]:
     """The token ids of each input: a string, strings, token ids, lists of them, or a chat."""
+    # vLLM tokenizes text with truncation at max_model_len + 1 (a longer text counts as "at
+    # least" that); token ids are counted in full.
+    cap = rep.config.max_model_len + 1
     messages = body.get("messages")
     raw = body.get("input")
     if messages is None and isinstance(raw, list) and raw and isinstance(raw[0], dict):
@@ -71,17 +74,17 @@ def _prompts(rep: Replica, body: dict[str, Any]) -> list[list[int]]:
         if not isinstance(messages, list) or not messages:
             raise P.invalid("List should have at least 1 item", "body.messages")
         gen = body.get("add_generation_prompt") is True  # False for pooling, unlike chat
-        return [rep.encode_prompt(rep.template.render(messages, gen), chat=True)]
+        return [rep.encode_prompt(rep.template.render(messages, gen), chat=True)[:cap]]
     if raw is None:
         raise P.invalid("Field required", "body.input")
     if isinstance(raw, str):
-        return [rep.encode_prompt(raw, chat=False)]
+        return [rep.encode_prompt(raw, chat=False)[:cap]]
     if not isinstance(raw, list):
         raise P.invalid("Input should be a valid list or string", "body.input")
     if all(isinstance(x, int) and not isinstance(x, bool) for x in raw) and raw:
         return [list(raw)]
     if all(isinstance(x, str) for x in raw):
-        return [rep.encode_prompt(x, chat=False) for x in raw]
+        return [rep.encode_prompt(x, chat=False)[:cap] for x in raw]
     if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in raw):
         return [list(x) for x in raw]
     raise P.invalid("Input should be a valid list of integers or strings", "body.input")
@@ -113,10 +116,13 @@ def _check_lengths(rep: Replica, ids: list[list[int]]) -> None:
     max_len = rep.config.max_model_len
     for prompt in ids:
         if len(prompt) > max_len:
+            # vLLM's words: "at least" at exactly max_len + 1, where text is truncated.
+            qualifier = "at least " if len(prompt) == max_len + 1 else ""
             msg = (
                 f"This model's maximum context length is {max_len} tokens. However, your "
-                f"prompt contains {len(prompt)} input tokens, which exceeds this limit even "
-                "without any output tokens. Please reduce the length of the input prompt."
+                f"prompt contains {qualifier}{len(prompt)} input tokens, which exceeds this "
+                "limit even without any output tokens. Please reduce the length of the input "
+                "prompt."
             )
             raise P.bad_request(msg, "input_tokens", len(prompt))
 

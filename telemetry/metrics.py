@@ -196,13 +196,25 @@ class _SharedState(Collector):
         )
         peers.add_metric([], row["peers"])
         yield from (up, peers)
+        if "scrape_leases" in row:
+            leases = GaugeMetricFamily(
+                "llm_gateway_shared_state_scrape_leases",
+                "Replicas whose /metrics this process scrapes for every process sharing state.",
+            )
+            leases.add_metric([], row["scrape_leases"])
+            yield leases
         for name, key, text in (
             ("failed_ops", "failed_ops", "Redis operations that failed or timed out."),
             ("outcomes_published", "published", "Routing outcomes this process published."),
             ("outcomes_applied", "applied", "Other processes' routing outcomes applied here."),
             ("outcomes_stale", "stale_local", "Outcomes older than the local entry: ignored."),
             ("writes_rejected", "rejected_stale", "Writes Redis refused as older than it held."),
+            ("scrapes_published", "scrapes_published", "Scrape results published to the others."),
+            ("scrapes_applied", "scrapes_applied", "Other processes' scrape results applied here."),
+            ("scrapes_stale", "scrapes_stale", "Scrape results older than the local one: ignored."),
         ):
+            if key not in row:
+                continue  # scrapes not shared ([shared_state] share_scrapes off)
             family = CounterMetricFamily(f"llm_gateway_shared_state_{name}", text)
             family.add_metric([], row[key])
             yield family
@@ -320,6 +332,12 @@ class GatewayMetrics:
             ["model", "version"],
             registry=self.registry,
         )
+        self._realtime = Counter(
+            "llm_gateway_realtime_sessions",
+            "/v1/realtime WebSocket sessions by model and how they ended (or were refused).",
+            ["model", "outcome"],
+            registry=self.registry,
+        )
         self._share = _DecisionShare(decision_window)
         self.registry.register(self._share)
         self.registry.register(_LiveGauges(replica_state, queue_depth))
@@ -368,6 +386,10 @@ class GatewayMetrics:
     def track_shared_state(self, source: Callable[[], Mapping[str, float]]) -> None:
         """Report the shared-state link (`source()`: up, peers, op counters) at each scrape."""
         self.registry.register(_SharedState(source))
+
+    def realtime_session(self, model: str, outcome: str) -> None:
+        """A /v1/realtime session ended, or was refused, with `outcome`."""
+        self._child(self._realtime, model, outcome).inc()
 
     def stream_truncated(self, model: str, replica: str) -> None:
         self._child(self._truncated, model, replica).inc()

@@ -9,10 +9,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 from benchmarks import system_deps
 from benchmarks.vllm_cpu.engine_env import EngineEnv, VllmCpuError, cache_root, ensure_engine
-from benchmarks.vllm_cpu.fleet import VllmFleet
+from benchmarks.vllm_cpu.fleet import Runner, VllmFleet
 from benchmarks.vllm_cpu.model import ensure_model, lora_dir
 
 
@@ -49,9 +50,10 @@ async def _serve(args: argparse.Namespace) -> None:
         num_gpu_blocks=args.num_gpu_blocks,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
-        kv_events=not args.no_kv_events,
-        lora=not args.no_lora,
+        kv_events=not args.no_kv_events and args.runner == "generate",
+        lora=not args.no_lora and args.runner == "generate",
         log_dir=Path(args.log_dir) if args.log_dir else None,
+        runner=args.runner,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--no-kv-events", action="store_true")
     serve.add_argument("--no-lora", action="store_true")
     serve.add_argument("--log-dir", default="")
+    serve.add_argument(
+        "--runner",
+        choices=get_args(Runner),
+        default="generate",
+        help="pooling: the tiny model as an embedding model (no KV events, no LoRA)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "prepare":

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 import httpx
 
@@ -38,6 +39,11 @@ ENGINE_ENV = {
     "VLLM_ENABLE_RESPONSES_API_STORE": "1",
 }
 _LOG_TAIL_LINES = 40
+
+# vLLM's --runner: "pooling" serves the tiny model as an embedding model (--convert embed),
+# under its own served name so that a gateway in front of both kinds tells them apart.
+Runner = Literal["generate", "pooling"]
+POOLING_SUFFIX = "-embed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +117,8 @@ class VllmFleet:
     block_size: tokens per block (CPU needs a multiple of 32). max_model_len: context length.
     kv_events: publish KV-cache events over ZMQ. lora: serve the tiny LoRA adapter too.
     startup_timeout_s: deadline for every replica to answer /health.
+    runner: "generate", or "pooling" (the tiny model converted to an embedding model, served
+    as MODEL_NAME + "-embed", started without KV events or LoRA: nothing here uses them).
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class VllmFleet:
         root: Path | None = None,
         log_dir: Path | None = None,
         extra_args: tuple[str, ...] = (),
+        runner: Runner = "generate",
     ) -> None:
         if n < 1:
             raise VllmCpuError("n must be >= 1")
@@ -135,6 +144,9 @@ class VllmFleet:
             raise VllmCpuError("the CPU backend needs a block size that is a multiple of 32")
         if num_gpu_blocks * block_size < max_model_len:
             raise VllmCpuError("num_gpu_blocks * block_size must hold max_model_len tokens")
+        if runner == "pooling" and (kv_events or lora):
+            raise VllmCpuError("a pooling replica is started with neither kv_events nor lora")
+        self.runner: Runner = runner
         self.n = n
         self.base_port = base_port
         self.num_gpu_blocks = num_gpu_blocks
@@ -146,7 +158,7 @@ class VllmFleet:
         self.startup_timeout_s = startup_timeout_s
         self.root = root or cache_root()
         self.engine = EngineEnv(self.root)
-        self.model = MODEL_NAME
+        self.model = MODEL_NAME if runner == "generate" else MODEL_NAME + POOLING_SUFFIX
         self.model_dir = model_dir(self.root)
         self.lora_name = LORA_NAME if lora else None
         self._log_dir = log_dir
@@ -187,10 +199,13 @@ class VllmFleet:
             "--max-model-len", str(self.max_model_len),
             "--max-num-seqs", str(self.max_num_seqs),
             "--num-gpu-blocks-override", str(self.num_gpu_blocks),
-            "--enable-prefix-caching",
             "--enable-prompt-tokens-details",
             "--enable-server-load-tracking",
         ]  # fmt: skip
+        if self.runner == "pooling":
+            cmd += ["--runner", "pooling", "--convert", "embed"]
+        else:
+            cmd.append("--enable-prefix-caching")
         if kv_port is not None:
             cfg = {
                 "enable_kv_cache_events": True,

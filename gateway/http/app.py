@@ -32,6 +32,8 @@ from gateway.http.hot_io import (
     request_id_of,
     send_error,
 )
+from gateway.http.realtime import RealtimeRelay
+from gateway.http.realtime_upstream import PATH as REALTIME_PATH
 from gateway.http.routes import HOT_PATHS, hot_route
 from gateway.http.service_routes import ServiceRoutes
 from gateway.http.transport import DISCONNECT_EXTENSION
@@ -42,6 +44,7 @@ from gateway.proxy.identity import ApiKeys, is_loopback
 from gateway.proxy.pooling_route import unsupported_message
 from gateway.proxy.requests import (
     ANTHROPIC_KINDS,
+    AUDIO_KINDS,
     POOLING_KINDS,
     Kind,
     ParsedRequest,
@@ -74,6 +77,7 @@ class GatewayApp:
         runtime.stream_cutters.append(self._cut_streams)
         cfg = runtime.config.server
         self._limit = cfg.max_body_bytes
+        self._audio_limit = cfg.max_audio_body_bytes
         self._receive_timeout = cfg.request_receive_timeout_s
         self._rid_header = cfg.request_id_header.lower().encode()
         # Data-plane keys ([server].api_keys and tenants' keys), trusted tenant headers.
@@ -97,6 +101,7 @@ class GatewayApp:
         )
         # A 307 to a trailing-slash-less path would build its Location from the client's Host.
         self._starlette.router.redirect_slashes = False
+        self._realtime = RealtimeRelay(runtime, self._authorize)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -104,6 +109,9 @@ class GatewayApp:
             if route is not None:
                 await self._proxy(route[0], scope, receive, send, route[1])
                 return
+        elif scope["type"] == "websocket" and scope["path"] == REALTIME_PATH:
+            await self._realtime(scope, receive, send)
+            return
         await self._starlette(scope, receive, send)
 
     # --- the hot path -------------------------------------------------------------------
@@ -133,7 +141,8 @@ class GatewayApp:
             tenant = self._authorize(headers)
             hook = scope.get("extensions", {}).get(DISCONNECT_EXTENSION)
             buffered = hook is not None and hook.body_buffered
-            body = await read_body(headers, receive, self._limit, self._receive_timeout, buffered)
+            limit = self._audio_limit if kind in AUDIO_KINDS else self._limit
+            body = await read_body(headers, receive, limit, self._receive_timeout, buffered)
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             found = hints.from_headers(headers)

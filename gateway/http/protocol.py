@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 from typing import Any, ClassVar, cast
@@ -14,6 +15,7 @@ from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
 from gateway.http.transport import DISCONNECT_EXTENSION, DisconnectHook, LingeringTransport
+from gateway.http.ws_protocol import GuardedWebSocketProtocol
 from vllm_api.errors import error_body
 
 log = logging.getLogger("llm_gateway.http")
@@ -119,13 +121,35 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._send_timer = self._drain_timer = None
         if self._client_key is not None:
-            left = self.per_client[self._client_key] - 1
-            if left:
-                self.per_client[self._client_key] = left
-            else:
-                del self.per_client[self._client_key]
+            self._drop_client(self._client_key)
             self._client_key = None
         super().connection_lost(exc)
+
+    @classmethod
+    def _drop_client(cls, host: str) -> None:
+        left = cls.per_client[host] - 1
+        if left:
+            cls.per_client[host] = left
+        else:
+            del cls.per_client[host]
+
+    def handle_websocket_upgrade(self) -> None:
+        # The connection becomes the websocket protocol's, on the raw transport (a close there
+        # is its own handshake, no linger); the client's slot goes with it, the head timer stops.
+        self._cancel_head_timer()
+        if self._raw is not None:
+            if isinstance(self.transport, LingeringTransport):
+                self.transport.flush()
+            self.transport = self._raw
+        host, self._client_key = self._client_key, None
+        super().handle_websocket_upgrade()
+        if host is None:
+            return
+        ws = self.transport.get_protocol()
+        if isinstance(ws, GuardedWebSocketProtocol):
+            ws.adopt(functools.partial(self._drop_client, host))
+        else:
+            self._drop_client(host)
 
     def data_received(self, data: bytes) -> None:
         if not self._in_head:
@@ -166,8 +190,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self.logger.warning("Invalid HTTP request received.")
                 self._refuse(400, "Invalid HTTP request received.")
         except httptools.HttpParserUpgrade:
-            # No websocket protocol is configured: the request is served as plain HTTP.
-            self._unsupported_upgrade_warning()
+            # A websocket upgrade goes to the ws protocol; any other is served as plain HTTP.
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

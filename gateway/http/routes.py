@@ -9,6 +9,9 @@ from gateway.proxy.requests import Kind
 HOT_PATHS: dict[str, Kind] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/chat/completions/batch": "chat_batch",
+    "/v1/audio/transcriptions": "transcription",
+    "/v1/audio/translations": "translation",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "count_tokens",

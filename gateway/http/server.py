@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 from gateway.http.app import GatewayApp
 from gateway.http.gc_policy import tune_for_serving
 from gateway.http.protocol import guarded_protocol
+from gateway.http.ws_protocol import guarded_ws_protocol
 from gateway.runtime import Runtime
 
 
@@ -79,8 +80,12 @@ def _uvicorn_config(app: ASGIApp, runtime: Runtime, log_level: str) -> uvicorn.C
         # httptools, plus the head limits, connection caps, send timeout and lingering close
         # uvicorn lacks.
         http=guarded_protocol(runtime.config.server),
-        # No websockets: an upgrade would hand the connection to a protocol without those.
-        ws="none",
+        # /v1/realtime: the upgraded connection keeps the send timeout and client count
+        # (http/ws_protocol.py); its relay bounds idle time. No compression: a relay would
+        # inflate and deflate every frame on the event loop.
+        ws=guarded_ws_protocol(runtime.config.server),
+        ws_max_size=runtime.config.server.realtime_max_message_bytes,
+        ws_per_message_deflate=False,
         # The runtime is started (and stopped) by the process, beside the gRPC front end.
         lifespan="off",
         log_level=log_level,

@@ -16,7 +16,7 @@ from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
 from cache_index.session_affinity import SessionAffinity, session_key
 from gateway.config import AdmissionConfig, CacheIndexConfig
-from gateway.proxy import messages_route, responses_route
+from gateway.proxy import batch_route, messages_route, responses_route
 from gateway.proxy.requests import Kind, ParsedRequest, with_features
 from routing.types import RequestFeatures
 from vllm_api.chat_template import ChatTemplate, load_chat_template
@@ -29,9 +29,11 @@ _THREAD_ABOVE_TOKENS = 4096
 # Prefixed to a token-id prompt's bytes before its prompt hash: no text hashes the same.
 _IDS_KEY = b"\x00token-ids\x00"
 # Routes that generate (and so leave a prefix in the replica's KV cache).
-_CACHED_KINDS: frozenset[Kind] = frozenset({"chat", "completions", "responses", "messages"})
+_CACHED_KINDS: frozenset[Kind] = frozenset(
+    {"chat", "completions", "responses", "messages", "chat_batch"}
+)
 # Routes whose rendered chat vLLM tokenizes without adding special tokens.
-_PLAIN_KINDS: frozenset[Kind] = frozenset({"chat", "messages"})
+_PLAIN_KINDS: frozenset[Kind] = frozenset({"chat", "messages", "chat_batch"})
 
 
 class Affinity:
@@ -71,6 +73,9 @@ class Affinity:
         data = req.data
         if req.kind == "chat":
             return self.template.render(data["messages"], add_generation_prompt=True)
+        if req.kind == "chat_batch":
+            conversation = batch_route.routing_conversation(data)
+            return self.template.render(conversation, add_generation_prompt=True)
         # Rendered from the chat vLLM converts them to, so their prefixes hash as chat's do.
         if req.kind == "responses":
             return self.template.render(responses_route.chat_messages(data))

@@ -19,6 +19,9 @@ log = logging.getLogger("llm_gateway.pipeline")
 PATHS: dict[Kind, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
+    "chat_batch": "/v1/chat/completions/batch",
+    "transcription": "/v1/audio/transcriptions",
+    "translation": "/v1/audio/translations",
     "responses": "/v1/responses",
     "messages": "/v1/messages",
     "count_tokens": "/v1/messages/count_tokens",

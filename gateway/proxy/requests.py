@@ -12,7 +12,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from gateway.errors import BadRequest, echo
-from gateway.proxy import pooling_route
+from gateway.proxy import audio_route, pooling_route
 from routing.types import RequestFeatures
 
 Kind = Literal[
@@ -30,6 +30,9 @@ Kind = Literal[
     "classify",
     "score",
     "rerank",
+    "chat_batch",
+    "transcription",
+    "translation",
 ]
 # Routes whose body only routing reads (model, stream): the replica validates the rest.
 PASS_KINDS: frozenset[Kind] = frozenset(
@@ -39,6 +42,8 @@ PASS_KINDS: frozenset[Kind] = frozenset(
 POOLING_KINDS: frozenset[Kind] = frozenset({"embeddings", "pooling", "classify", "score", "rerank"})
 # A stored response's retrieval and cancel: no body, routed to the replica that stored it.
 STORED_KINDS: frozenset[Kind] = frozenset({"response_get", "response_cancel"})
+# vLLM's speech-to-text routes: multipart bodies, no cache features, placed by load.
+AUDIO_KINDS: frozenset[Kind] = frozenset({"transcription", "translation"})
 # Routes whose errors the gateway answers in Anthropic's shape.
 ANTHROPIC_KINDS: frozenset[Kind] = frozenset({"messages", "count_tokens"})
 
@@ -200,10 +205,46 @@ def _pooling(
     return ParsedRequest(kind, body, data, model, False, request_id, features)
 
 
+def _chat_batch(
+    body: bytes, data: dict[str, Any], model: str, request_id: str, session: str | None
+) -> ParsedRequest:
+    # vLLM's batch route has no `stream` field: a `stream` sent is ignored, the answer is
+    # one JSON body; so the gateway never waits for a stream either.
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("`messages` must be a non-empty array of conversations.", param="messages")
+    chars = 0
+    for i, conversation in enumerate(messages):
+        if not isinstance(conversation, list) or not conversation:
+            raise BadRequest("Each conversation must be a non-empty array.", param=f"messages.{i}")
+        chars += _estimate_chat_chars(conversation)
+    max_tokens, priority = _budget(data)
+    user = data.get("user")
+    features = RequestFeatures(
+        model=model,
+        request_id=request_id,
+        prompt_tokens=chars // 4,
+        # Each conversation may generate up to max_tokens.
+        max_tokens=None if max_tokens is None else max_tokens * len(messages),
+        stream=False,
+        session=session or (user if isinstance(user, str) else None),
+        priority=priority,
+    )
+    return ParsedRequest("chat_batch", body, data, model, False, request_id, features)
+
+
+def _audio(kind: Kind, body: bytes, request_id: str) -> ParsedRequest:
+    form, model, stream = audio_route.read_form(body)
+    features = RequestFeatures(model=model, request_id=request_id, stream=stream)
+    return ParsedRequest(kind, body, dict(form.fields), model, stream, request_id, features)
+
+
 def parse_request(
     kind: Kind, body: bytes, request_id: str, session: str | None = None
 ) -> ParsedRequest:
     """Validate the fields the gateway relies on; the replica validates the rest."""
+    if kind in AUDIO_KINDS:
+        return _audio(kind, body, request_id)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -217,6 +258,8 @@ def parse_request(
         return _pass_through(kind, body, data, model, request_id)
     if kind in POOLING_KINDS:
         return _pooling(kind, body, data, model, request_id)
+    if kind == "chat_batch":
+        return _chat_batch(body, data, model, request_id, session)
     if kind == "chat":
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -232,12 +275,7 @@ def parse_request(
         stream = False  # vLLM takes `"stream": null` as not streaming
     elif not isinstance(stream, bool):
         raise BadRequest("`stream` must be a boolean.", param="stream")
-    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise BadRequest("`max_tokens` must be a positive integer.", param="max_tokens")
-    priority = data.get("priority", 0)
-    if not isinstance(priority, int):
-        raise BadRequest("`priority` must be an integer.", param="priority")
+    max_tokens, priority = _budget(data)
     user = data.get("user")
     prompt_tokens = prompt_chars // 4
     features = RequestFeatures(
@@ -250,3 +288,14 @@ def parse_request(
         priority=priority,
     )
     return ParsedRequest(kind, body, data, model, stream, request_id, features)
+
+
+def _budget(data: dict[str, Any]) -> tuple[int | None, int]:
+    """The body's `max_tokens` (or `max_completion_tokens`) and `priority`, checked."""
+    max_tokens = data.get("max_completion_tokens", data.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise BadRequest("`max_tokens` must be a positive integer.", param="max_tokens")
+    priority = data.get("priority", 0)
+    if not isinstance(priority, int):
+        raise BadRequest("`priority` must be an integer.", param="priority")
+    return max_tokens, priority

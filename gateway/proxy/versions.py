@@ -39,7 +39,7 @@ VLLM_PRIORITY_HEADER = "x-vllm-priority"
 # Routes whose body is the JSON of ParsedRequest.data, re-encoded to change `model` or
 # `priority`; any other body is never rewritten (its model has no versions, its replica gets
 # the priority header only).
-JSON_KINDS: frozenset[Kind] = frozenset({"chat", "completions"})
+JSON_KINDS: frozenset[Kind] = frozenset({"chat", "completions", "chat_batch"})
 
 
 def _length_class(config: GatewayConfig) -> length_class.Params | None:

@@ -1,4 +1,9 @@
-"""Per-replica score loop: scrape /metrics at an adaptive cadence, keep windowed latencies."""
+"""Per-replica score loop: scrape /metrics at an adaptive cadence, keep windowed latencies.
+
+With several gateway processes sharing state, one of them scrapes each replica for all
+(ScrapeShare: gateway/shared_state/scrapes.py) and the others apply what it read as if they
+had scraped (apply_remote).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 
@@ -30,6 +36,35 @@ def restarted(old: VllmMetrics, new: VllmMetrics) -> bool:
         if before is not None and now is not None:
             pairs.append((before, now))
     return any(now < before for before, now in pairs)
+
+
+class ScrapeShare(Protocol):
+    """Who scrapes which replica when gateway processes share state (shared_state/scrapes.py)."""
+
+    def sharing(self, now: float) -> bool:
+        """Whether one process scrapes each replica for all now (the budget is whole)."""
+        ...
+
+    def scrapes(self, replica: str, now: float) -> bool:
+        """Whether this process scrapes `replica` now."""
+        ...
+
+    def publish(self, replica: str, version_us: int, interval_s: float, m: VllmMetrics) -> None:
+        """A good scrape this process made, for the others."""
+        ...
+
+
+class Alone:
+    """No sharing: this process scrapes every replica, its host's share of the budget."""
+
+    def sharing(self, now: float) -> bool:
+        return False
+
+    def scrapes(self, replica: str, now: float) -> bool:
+        return True
+
+    def publish(self, replica: str, version_us: int, interval_s: float, m: VllmMetrics) -> None:
+        return None
 
 
 @dataclass(slots=True)
@@ -61,6 +96,7 @@ class ScoreLoop:
         on_restart: Callable[[str], None] = lambda _name: None,
         on_preemptions: Callable[[str, float], None] = lambda _name, _count: None,
         workers: int = 1,
+        share: ScrapeShare | None = None,
     ) -> None:
         # Told each rise of a replica's preemption counter between two scrapes (the outlier
         # policy ejects on a jump).
@@ -75,9 +111,18 @@ class ScoreLoop:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=cfg.scrape_timeout_s)
         self._history: dict[str, deque[tuple[float, VllmMetrics]]] = {}
-        # `workers` gateway processes on this host scrape the same replicas: each takes its share.
-        self._bounds = Bounds.of(cfg, workers)
+        # `workers` gateway processes on this host scrape the same replicas: each takes its
+        # share, unless one process scrapes each replica for all (the budget is whole then).
+        self._split = Bounds.of(cfg, workers)
+        self._whole = Bounds.of(cfg, 1)
+        self._share: ScrapeShare = share or Alone()
         self._paces: dict[str, _Pace] = {}
+        # Wall-clock µs of the figures each replica's state holds: older ones never replace them.
+        self._versions: dict[str, int] = {}
+
+    @property
+    def _bounds(self) -> Bounds:
+        return self._whole if self._share.sharing(time.monotonic()) else self._split
 
     def _pace(self, replica: ReplicaState, now: float) -> _Pace:
         pace = self._paces.get(replica.name)
@@ -104,7 +149,29 @@ class ScoreLoop:
         except (aiohttp.ClientError, ConnectionError, TimeoutError, UnicodeDecodeError):
             replica.scrape_errors += 1
             return False
-        self.record(replica, parse_vllm_metrics(text), time.monotonic())
+        m = parse_vllm_metrics(text)
+        version = int(time.time() * 1e6)
+        self._versions[replica.name] = version
+        self.record(replica, m, time.monotonic())
+        self._share.publish(replica.name, version, replica.scrape_interval_s, m)
+        self._on_scrape()
+        return True
+
+    def apply_remote(
+        self, replica: ReplicaState, version_us: int, interval_s: float, m: VllmMetrics
+    ) -> bool:
+        """Another process's scrape, as if this one had made it now; False when older than
+        what the replica's state holds. Its next one is due when the scraper planned it."""
+        if version_us <= self._versions.get(replica.name, -1):
+            return False
+        self._versions[replica.name] = version_us
+        now = time.monotonic()
+        pace = self._pace(replica, now)
+        # The budget spent as the scraper's was: one that takes over goes on from its level.
+        pace.last_attempt, pace.budget = now, pace.budget.spend(self._bounds, now)
+        self.record(replica, m, now)
+        if interval_s > 0:
+            pace.interval_s = replica.scrape_interval_s = interval_s
         self._on_scrape()
         return True
 
@@ -113,26 +180,31 @@ class ScoreLoop:
         self._apply(replica, m, now)
         pace = self._pace(replica, now)
         pace.prev = pace.last
-        pace.last = Observation(now, m.running, m.waiting, m.kv_usage, replica.in_flight)
+        pace.last = Observation(now, m.running, m.waiting, m.kv_usage, _ours(replica))
         pace.previous_s = pace.interval_s
         pace.interval_s = math.inf  # planned afresh by due()
         replica.scrape_interval_s = math.inf
         self.due(replica, now)
 
-    def due(self, replica: ReplicaState, now: float) -> float:
-        """When this replica's next scrape starts; re-planned on each call (cheap, no I/O)."""
+    def _routed(self, replica: ReplicaState, now: float) -> _Pace:
         pace = self._pace(replica, now)
         acquired = replica.requests_total + replica.in_flight
         if acquired != pace.acquired:
             pace.acquired, pace.routed_at = acquired, now
+        return pace
+
+    def due(self, replica: ReplicaState, now: float) -> float:
+        """When this replica's next scrape starts; re-planned on each call (cheap, no I/O)."""
+        pace = self._routed(replica, now)
         last = pace.last
         if last is None:  # never scraped, or restarted: as soon as the bounds allow
             return due_at(self._bounds, now, 0.0, pace.budget, pace.last_attempt, now)
+        bounds = self._bounds
         interval = next_interval(
-            self._bounds, pace.prev, last, pace.previous_s, replica.in_flight, now - pace.routed_at
+            bounds, pace.prev, last, pace.previous_s, _ours(replica), now - pace.routed_at
         )
         pace.interval_s = min(pace.interval_s, interval)
-        due = due_at(self._bounds, last.at, pace.interval_s, pace.budget, pace.last_attempt, now)
+        due = due_at(bounds, last.at, pace.interval_s, pace.budget, pace.last_attempt, now)
         # What freshness counts lateness from: brought forward between scrapes, never before
         # now (the values were good until we wanted new ones), never pushed back.
         replica.scrape_interval_s = min(replica.scrape_interval_s, max(due, now) - last.at)
@@ -184,9 +256,21 @@ class ScoreLoop:
         """Scrape whenever due() says, forever (cancelled by the owner)."""
         while True:
             now = time.monotonic()
+            if not self._share.scrapes(replica.name, now):
+                # Another process scrapes it for all: its results arrive by apply_remote, and
+                # the plan they carry is what freshness counts from.
+                self._routed(replica, now)
+                await asyncio.sleep(self._bounds.fastest_s)
+                continue
             due = self.due(replica, now)
             if due <= now:
                 await self.scrape(replica)
                 continue
             # Awake at the fastest cadence: a burst routed here brings the next scrape forward.
             await asyncio.sleep(min(due - now, self._bounds.fastest_s))
+
+
+def _ours(replica: ReplicaState) -> int:
+    # Every gateway process's requests (the others' as of the last in-flight poll): another
+    # process's burst is the gateway's own load, no surprise to scrape for.
+    return replica.in_flight + replica.remote_in_flight

@@ -46,6 +46,13 @@ class SharedStateConfig:
     prefix_ttl_s: float = 600.0
     # Tenants' quotas counted in Redis (across processes) rather than per process.
     quotas: bool = True
+    # One process scrapes each replica's /metrics for every process (a lease per replica) and
+    # publishes what it read: the score loop's budget then holds fleet-wide (shared_state/
+    # scrapes.py). False, or Redis unreachable: each process scrapes on its own.
+    share_scrapes: bool = True
+    # A replica's scrape lease outlives its owner's last renewal by this long: a dead owner's
+    # replicas are taken over by the others past it.
+    scrape_lease_ttl_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.url and urlsplit(self.url).scheme not in ("redis", "rediss", "unix"):
@@ -71,6 +78,7 @@ class SharedStateConfig:
             "max_sessions",
             "max_blocks_per_replica",
             "prefix_ttl_s",
+            "scrape_lease_ttl_s",
         ):
             value = getattr(self, name)
             if value <= 0:
@@ -84,6 +92,11 @@ class SharedStateConfig:
             raise ValueError(
                 "lease_ttl_s must exceed 2 x inflight_poll_s, 2 x inflight_idle_poll_s"
                 " and flush_interval_s"
+            )
+        if self.scrape_lease_ttl_s <= 2 * max(self.inflight_poll_s, self.inflight_idle_poll_s):
+            # Leases are renewed on the in-flight poll: it must come twice within one.
+            raise ValueError(
+                "scrape_lease_ttl_s must exceed 2 x inflight_poll_s and 2 x inflight_idle_poll_s"
             )
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")

@@ -1,4 +1,4 @@
-"""Routing outcomes (and ejections) on the wire; other processes' outcomes applied locally.
+"""Routing outcomes (and ejections, scrape results) on the wire; the others' applied here.
 
 An outcome is (version, replica, prompt hash, session key, leading block hashes): the version
 is the deciding process's wall clock in microseconds, so the latest decision wins in every
@@ -47,16 +47,28 @@ def outcome_of(
     return (version_us, replica, prompt, key, tuple(blocks[:max_blocks]))
 
 
-def encode(origin: str, outcomes: Sequence[Outcome], ejections: Sequence[Ejection] = ()) -> bytes:
-    """One pub/sub message: the origin process, its outcomes and its ejections."""
+def encode(
+    origin: str,
+    outcomes: Sequence[Outcome],
+    ejections: Sequence[Ejection] = (),
+    scrapes: Sequence[Any] = (),
+) -> bytes:
+    """One pub/sub message: the origin process, its outcomes, ejections and scrape results."""
     msg: dict[str, Any] = {"o": origin, "e": outcomes}
     if ejections:
         msg["j"] = [(e.replica, e.reason, e.duration_s, e.count) for e in ejections]
+    if scrapes:
+        msg["s"] = scrapes  # shared_state/scrapes.py: checked one by one where applied
     return orjson.dumps(msg)
 
 
 def decode(data: bytes) -> tuple[str, list[Any], list[Ejection]]:
     """(origin, raw outcomes, ejections) of a message; ValueError when it is not one of ours."""
+    return decode_message(data)[:3]
+
+
+def decode_message(data: bytes) -> tuple[str, list[Any], list[Ejection], list[Any]]:
+    """decode's answer and the message's raw scrape results."""
     msg = orjson.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("o"), str):
         raise ValueError("not a shared-state message")
@@ -73,7 +85,10 @@ def decode(data: bytes) -> tuple[str, list[Any], list[Ejection]]:
                 ejections.append(Ejection(replica, reason, float(duration), 0.0, count))
             case _:
                 raise ValueError("malformed ejection")
-    return msg["o"], events, ejections
+    scrapes = msg.get("s", [])
+    if not isinstance(scrapes, list):
+        raise ValueError("malformed scrape results")
+    return msg["o"], events, ejections, scrapes
 
 
 def split(

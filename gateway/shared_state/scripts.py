@@ -3,7 +3,7 @@
 Versions are the writers' wall-clock microseconds, passed as strings: Lua numbers print with
 14 digits, which would round them. Liveness (leases, quota slots) uses Redis's own TIME, so
 the hosts' clocks only order routing outcomes, never expire anything.
-Keys outside KEYS are built in two scripts: a single Redis (or a replicated pair), no Cluster.
+Keys outside KEYS are built in four scripts: a single Redis (or a replicated pair), no Cluster.
 """
 
 from __future__ import annotations
@@ -39,6 +39,16 @@ class Keys:
 
     def inflight(self, process_id: str) -> str:
         return self.inflight_base + process_id
+
+    @property
+    def scrape_base(self) -> str:
+        """Prefix of each replica's scrape lease (its value: the owning process id)."""
+        return f"{self.prefix}:scrape:"
+
+    @property
+    def scrapers(self) -> str:
+        """The processes taking scrape leases, scored by when their last claim lapses (ms)."""
+        return f"{self.prefix}:scrapers"
 
     def quota(self, tenant: str) -> tuple[str, str]:
         """(token buckets, concurrency slots by process) of a tenant."""
@@ -206,9 +216,49 @@ return 1
 """
 )
 
+# KEYS: scrapers zset. ARGV: process id, lease ms, scrape lease key base, then the replicas in
+# this process's order of preference. Registers the process as a scraper, gives up the leases
+# it holds beyond its fair share (ceil(replicas / live scrapers): the others take them at their
+# next claim), takes free ones up to it, renews what it keeps. Returns the replicas it holds.
+CLAIM = (
+    _NOW_MS
+    + """
+local pid, lease, base = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+redis.call('ZADD', KEYS[1], string.format('%.0f', now_ms + lease), pid)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.0f', now_ms))
+if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local fair = math.ceil((#ARGV - 3) / math.max(1, redis.call('ZCARD', KEYS[1])))
+local mine, free = {}, {}
+for i = 4, #ARGV do
+  local owner = redis.call('GET', base .. ARGV[i])
+  if owner == pid then mine[#mine + 1] = ARGV[i]
+  elseif not owner then free[#free + 1] = ARGV[i] end
+end
+while #mine > fair do redis.call('DEL', base .. table.remove(mine)) end
+for _, name in ipairs(free) do
+  if #mine >= fair then break end
+  mine[#mine + 1] = name
+end
+for _, name in ipairs(mine) do redis.call('SET', base .. name, pid, 'PX', ARGV[2]) end
+return mine
+"""
+)
+
+# KEYS: scrapers zset. ARGV: process id, scrape lease key base, replicas. A stopping process
+# gives its leases up: the others take them at their next claim, not a lease TTL later.
+RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+for i = 3, #ARGV do
+  if redis.call('GET', ARGV[2] .. ARGV[i]) == ARGV[1] then redis.call('DEL', ARGV[2] .. ARGV[i]) end
+end
+return 1
+"""
+
 ALL = {
     "merge": MERGE,
     "beat": BEAT,
+    "claim": CLAIM,
+    "release": RELEASE,
     "reserve": RESERVE,
     "settle": SETTLE,
 }

@@ -27,7 +27,8 @@ from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap
 from gateway.shared_state.config import SharedStateConfig
 from gateway.shared_state.link import SharedStats, default_process_id
-from gateway.shared_state.mirror import Mirror, Outcome, decode, encode, outcome_of, split
+from gateway.shared_state.mirror import Mirror, Outcome, decode_message, encode, outcome_of, split
+from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, SHAS, Keys
 from gateway.shared_state.writes import queue_outcomes
 from routing.types import RequestFeatures
@@ -70,6 +71,10 @@ class SharedState:
         self.pool = pool
         self.mirror = Mirror(affinity, pool)
         self.stats = SharedStats()
+        # One /metrics scraper per replica for every process (None: each scrapes its own).
+        self.scrapes: ScrapeLeases | None = None
+        if cfg.share_scrapes:
+            self.scrapes = ScrapeLeases(cfg, self.keys, self.process_id, pool, self._wake)
         self.up = False
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[Settle] = deque(maxlen=cfg.max_pending)
@@ -105,6 +110,10 @@ class SharedState:
             self.stats.dropped += 1
         pending.append((time.time(), features, replica))
         if not self._has_pending.is_set():
+            self._has_pending.set()
+
+    def _wake(self) -> None:
+        if self.up and not self._has_pending.is_set():
             self._has_pending.set()
 
     def queue_ejection(self, ejection: Ejection) -> None:
@@ -149,6 +158,8 @@ class SharedState:
                     pipe = self.redis.pipeline(transaction=False)
                     pipe.zrem(self.keys.procs, self.process_id)
                     pipe.delete(self.keys.inflight(self.process_id))
+                    if self.scrapes is not None:
+                        self.scrapes.queue_release(pipe)
                     await pipe.execute()
         self.up = False
         with contextlib.suppress(*FAILURES):
@@ -183,10 +194,13 @@ class SharedState:
         self._down.set()
         self.stats.downs += 1
         self.pool.set_remote_in_flight({})
+        if self.scrapes is not None:
+            self.scrapes.lost()
         detail = f"{type(exc).__name__}: {exc}" if exc is not None else "no connection"
         if was_up or what == "start":
             log.warning(
-                "shared state down (%s, %s): routing from this process's state alone",
+                "shared state down (%s, %s): routing from this process's state alone"
+                " (and scraping every replica itself)",
                 what,
                 detail,
             )
@@ -274,13 +288,17 @@ class SharedState:
         settles, ejections = list(self._settles), list(self._ejections)
         self._settles.clear()
         self._ejections.clear()
-        if not outcomes and not settles and not ejections:
+        scrapes = self.scrapes.drain() if self.scrapes is not None else []
+        if not outcomes and not settles and not ejections and not scrapes:
             return
         keys = self.keys
         pipe = self.redis.pipeline(transaction=False)
-        messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(ejections)
+        messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
+            ejections or scrapes
+        )
         for n, part in enumerate(messages):
-            pipe.publish(keys.channel, encode(self.process_id, part, ejections if n == 0 else ()))
+            first_ones = (ejections, scrapes) if n == 0 else ((), ())
+            pipe.publish(keys.channel, encode(self.process_id, part, *first_ones))
         merges = queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
         for tenant, tpm, reserved, used in settles:
             pipe.evalsha(
@@ -315,12 +333,16 @@ class SharedState:
         return self.cfg.inflight_poll_s if busy else self.cfg.inflight_idle_poll_s
 
     async def _beat(self) -> None:
-        """Rewrite this process's lease and read the others' in one script (one round trip)."""
+        """Rewrite this process's lease and read the others' in one script (one round trip);
+        a few times per scrape lease TTL the scrape claim rides in the same round trip."""
         keys, pid = self.keys, self.process_id
         lease_ms = int(self.cfg.lease_ttl_s * 1000)
         counts = [(r.name, r.in_flight) for r in self.pool if r.in_flight > 0]
         held = dict(self.quota_held())
-        others = await self.redis.evalsha(
+        now = time.monotonic()
+        leases = self.scrapes if self.scrapes is not None and self.scrapes.claim_due(now) else None
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.evalsha(
             SHAS["beat"],
             2 + len(held),
             keys.procs,
@@ -333,6 +355,12 @@ class SharedState:
             *(x for pair in counts for x in pair),
             *held.values(),
         )
+        if leases is not None:
+            leases.queue_claim(pipe)
+        results = await pipe.execute()
+        others = results[0]
+        if leases is not None:
+            leases.claimed(results[1], now)
         self.stats.peers = int(others[0])
         it = iter(others[1:])
         self.pool.set_remote_in_flight(
@@ -363,7 +391,7 @@ class SharedState:
 
     def _on_message(self, data: bytes) -> None:
         try:
-            origin, raws, ejections = decode(data)
+            origin, raws, ejections, scrapes = decode_message(data)
         except ValueError:
             self.mirror.stats.malformed += 1
             return
@@ -371,6 +399,8 @@ class SharedState:
             self.mirror.apply_raw(raws)
             for ejection in ejections:
                 self.pool.adopt_ejection(ejection)
+            if scrapes and self.scrapes is not None:
+                self.scrapes.apply(scrapes)
 
     def stats_row(self) -> dict[str, float]:
         """Gauges and counters for the metrics."""
@@ -383,4 +413,5 @@ class SharedState:
             "stale_local": m.stale,
             "rejected_stale": s.rejected_stale,
             "peers": s.peers,
+            **(self.scrapes.row() if self.scrapes is not None else {}),
         }

@@ -5,6 +5,9 @@ instead (``LLMGW_VLLM_MODEL``, ``LLMGW_VLLM_ZMQ`` (a connectable endpoint),
 ``LLMGW_VLLM_BLOCK_SIZE``, optional ``LLMGW_VLLM_LORA`` and ``LLMGW_VLLM_REPLAY``). Start it
 with ``--enable-prompt-tokens-details``, ``--enable-server-load-tracking``, KV events and,
 for /reset_prefix_cache, ``VLLM_SERVER_DEV_MODE=1``.
+``pooling_target``: a pooling replica (vLLM ``--runner pooling --convert embed``): the
+simulator with runner="pooling", or the real server at ``LLMGW_VLLM_POOLING_URL`` (model
+``LLMGW_VLLM_POOLING_MODEL``); skipped when only ``LLMGW_VLLM_URL`` names a real target.
 ``sim_target``: always the simulator; the fault tests use only this one.
 """
 
@@ -22,6 +25,7 @@ import pytest
 from tests.conformance.helpers import Prompts, Target, scrape
 
 SIM_LORA = "sim-lora"
+SIM_EMBED = "sim-embed"
 SIM_BLOCK_SIZE = 16
 SIM_NUM_GPU_BLOCKS = 64
 SIM_MAX_MODEL_LEN = 512
@@ -66,10 +70,10 @@ async def running_sim(config: Any) -> AsyncIterator[tuple[Target, Any]]:
         )
 
 
-async def vllm_target(url: str) -> Target:
+async def vllm_target(url: str, model_env: str = "LLMGW_VLLM_MODEL") -> Target:
     async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
         models = (await client.get("/v1/models")).json()["data"]
-        model = os.environ.get("LLMGW_VLLM_MODEL") or models[0]["id"]
+        model = os.environ.get(model_env) or models[0]["id"]
         base = next(m for m in models if m["id"] == model)
         block_size = os.environ.get("LLMGW_VLLM_BLOCK_SIZE")
         if block_size is None:
@@ -101,6 +105,30 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
         return
     async with running_sim(sim_config()) as (tgt, _):
         yield tgt
+
+
+def _pooling_kinds() -> list[str]:
+    if os.environ.get("LLMGW_VLLM_POOLING_URL"):
+        return ["vllm"]
+    return ["absent"] if os.environ.get("LLMGW_VLLM_URL") else ["sim"]
+
+
+@pytest.fixture(params=_pooling_kinds())
+async def pooling_target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    if request.param == "absent":
+        pytest.skip("a real target without a pooling replica (LLMGW_VLLM_POOLING_URL unset)")
+    if request.param == "vllm":
+        yield await vllm_target(os.environ["LLMGW_VLLM_POOLING_URL"], "LLMGW_VLLM_POOLING_MODEL")
+        return
+    config = sim_config(model=SIM_EMBED, runner="pooling", lora_adapters=(), kv_events=False)
+    async with running_sim(config) as (tgt, _):
+        yield tgt
+
+
+@pytest.fixture
+async def pooling_client(pooling_target: Target) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=pooling_target.base_url, timeout=30.0) as c:
+        yield c
 
 
 @pytest.fixture(params=["sim"])

@@ -1,4 +1,5 @@
-"""`llm-gateway demo` as a user runs it: a real process, a real request, a clean stop."""
+"""`llm-gateway demo` as a user runs it: a real process, real requests (the official SDK's
+chat, embeddings and audio calls too), a clean stop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 import time
 
 import httpx
+import openai
+
+from tests.gateway.http.test_audio_sdk import wav
 
 
 def test_demo_serves_and_stops_on_sigterm() -> None:
@@ -53,6 +57,17 @@ def test_demo_serves_and_stops_on_sigterm() -> None:
             timeout=30,
         )
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        with sdk:
+            # The demo's other models answer once their replicas are healthy at the gateway.
+            for _ in range(300):
+                if {"sim-embed", "sim-whisper"} <= {m.id for m in sdk.models.list()}:
+                    break
+                time.sleep(0.05)  # polling the gateway's model list under a bound
+            emb = sdk.embeddings.create(model="sim-embed", input=["a", "b"])
+            assert len(emb.data) == 2 and emb.data[0].embedding
+            text = sdk.audio.transcriptions.create(model="sim-whisper", file=("a.wav", wav(1.0)))
+            assert text.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:

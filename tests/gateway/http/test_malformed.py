@@ -76,10 +76,19 @@ async def test_a_trailing_slash_is_a_404_not_a_redirect(gateway: RunningGateway,
         assert b"evil.example" not in answer
 
 
-async def test_a_websocket_upgrade_is_served_as_plain_http(gateway: RunningGateway) -> None:
+async def test_a_websocket_upgrade_off_v1_realtime_is_refused_as_vllm_does(
+    gateway: RunningGateway,
+) -> None:
+    # Only /v1/realtime takes a socket (test_realtime.py); elsewhere uvicorn's bare 403.
     raw = (
         b"GET /health HTTP/1.1\r\nhost: gw\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
         b"sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
+    async with _exchange(gateway, raw) as answer:
+        assert answer.startswith(b"HTTP/1.1 403 "), answer
+
+
+async def test_another_upgrade_is_served_as_plain_http(gateway: RunningGateway) -> None:
+    raw = b"GET /health HTTP/1.1\r\nhost: gw\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
     async with _exchange(gateway, raw) as answer:
         assert answer.startswith(b"HTTP/1.1 200 "), answer
