@@ -205,7 +205,7 @@ class ScrapeLeases:
         """Gauges and counters for the shared state's metrics row."""
         t = self.stats
         return {
-            "scrape_leases": len(self.owned),
+            "scrape_leases": len(self.owned) if self.sharing(time.monotonic()) else 0,
             "scrapes_published": t.published,
             "scrapes_applied": t.applied,
             "scrapes_stale": t.stale,
@@ -256,9 +256,13 @@ class ScrapeLeases:
         self._valid_until = sent_at + self._ttl_s
 
     def lost(self) -> None:
-        """Redis is unreachable: every replica is scraped here again, at the per-host split."""
-        self.owned = frozenset()
-        self._valid_until = self._claimed_at = -math.inf
+        """Redis is unreachable: once the last claim's TTL has passed, every replica is scraped
+        here again, at the per-host split.
+
+        Until then the leases it granted still stand in Redis, so every process keeps to them:
+        a round trip that was only late (a busy host) does not send every process scraping
+        every replica at once.
+        """
         self._pending.clear()
 
     def drain(self) -> list[list[Any]]:
