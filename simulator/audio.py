@@ -182,9 +182,7 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
             return await _stream(request, rep, choice, task, model, include_usage)
         text = await G.complete(rep, choice)
     except G.EngineFailure as failure:
-        if failure.kind == "restart":
-            return G.reset(request)
-        return error_response(500, str(failure))
+        return G.failure_answer(request, failure)
     finally:
         rep.inflight -= 1
         if not req.done:

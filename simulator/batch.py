@@ -142,9 +142,7 @@ async def chat_batch(request: web.Request) -> web.StreamResponse:
         stops = prepared[0][0].stop
         texts = await asyncio.gather(*(G.complete(rep, c, stops) for c in choices))
     except G.EngineFailure as failure:
-        if failure.kind == "restart":
-            return G.reset(request)
-        return error_response(500, str(failure))
+        return G.failure_answer(request, failure)
     finally:
         rep.inflight -= 1
         for c in choices:

@@ -48,6 +48,12 @@ def reset(request: web.Request) -> web.Response:
     return web.Response(status=500)  # never reaches the peer: the transport is gone
 
 
+def failure_answer(request: web.Request, failure: EngineFailure) -> web.Response:
+    """A non-streamed request's answer to an engine failure: a reset after a restart (as vLLM's
+    dying API server gives), a 500 otherwise."""
+    return reset(request) if failure.kind == "restart" else error_response(500, str(failure))
+
+
 async def early_answer(
     request: web.Request,
     rep: Replica,

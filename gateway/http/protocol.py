@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
-import logging
 from typing import Any, ClassVar, cast
 
 import httptools
@@ -14,11 +13,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.config import ServerConfig
+from gateway.http.send_watch import SendWatch
 from gateway.http.transport import DISCONNECT_EXTENSION, DisconnectHook, LingeringTransport
 from gateway.http.ws_protocol import GuardedWebSocketProtocol
 from vllm_api.errors import error_body
-
-log = logging.getLogger("llm_gateway.http")
 
 # After a refusal, how long the client's further bytes are read and dropped before the close:
 # closing with unread bytes makes the kernel send a reset, which can destroy the answer.
@@ -32,7 +30,7 @@ class _HeadRefused(Exception):
     """Raised in a parser callback to stop parsing a head that is over a limit."""
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(SendWatch, HttpToolsProtocol):
     """Caps the head, open connections (in all and per client) and a stalled client's hold."""
 
     # Set per server by guarded_protocol().
@@ -41,7 +39,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = 10.0
     max_connections = 0
     max_connections_per_client = 0
-    send_timeout_s = 60.0
     keepalive_timeout_s = 5.0
     linger_timeout_s = 30.0
     linger_max_bytes = 256 * 1024 * 1024
@@ -72,8 +69,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: tuple[int, str] | None = None
         self._refused = False
         self._client_key: str | None = None
-        self._send_timer: asyncio.TimerHandle | None = None
-        self._send_mark = 0
         # Dropping the rest of a body answered early: bytes left, and close once it is read.
         self._draining = False
         self._drain_close = False
@@ -116,10 +111,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._client_gone()
         self._cancel_head_timer()
-        for timer in (self._send_timer, self._drain_timer):
-            if timer is not None:
-                timer.cancel()
-        self._send_timer = self._drain_timer = None
+        self._stop_send_watch()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
         if self._client_key is not None:
             self._drop_client(self._client_key)
             self._client_key = None
@@ -244,40 +239,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # Answered before the body was read (413, 401, ...): drop the rest, within bounds.
             self._drain_body(close=False)
 
-    # --- a client that stops reading -----------------------------------------------------
+    # --- a client that stops reading (gateway/http/send_watch.py) -----------------------
 
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        if self._send_timer is None and self._raw is not None:
-            self._send_mark = self._raw.get_write_buffer_size()
-            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_check)
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
-
-    def _send_check(self) -> None:
-        self._send_timer = None
-        raw = self._raw
-        if raw is None:
-            return
-        left = raw.get_write_buffer_size()
-        if not left:
-            return
-        if left < self._send_mark:  # it read something: progress, another period
-            self._send_mark = left
-            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_check)
-            return
-        log.warning(
-            "client %s read nothing for %g s: connection closed",
-            self.client[0] if self.client else "?",
-            self.send_timeout_s,
-        )
-        # A close (even one already begun) waits for the buffer to flush, which it never will;
-        # the app sees a disconnect, which cancels the upstream request and frees its slot.
-        raw.abort()
+    def _watched(self) -> asyncio.WriteTransport | None:
+        return self._raw
 
     # --- lingering close -----------------------------------------------------------------
 

@@ -7,7 +7,9 @@ with ``--enable-prompt-tokens-details``, ``--enable-server-load-tracking``, KV e
 for /reset_prefix_cache, ``VLLM_SERVER_DEV_MODE=1``.
 ``pooling_target``: a pooling replica (vLLM ``--runner pooling --convert embed``): the
 simulator with runner="pooling", or the real server at ``LLMGW_VLLM_POOLING_URL`` (model
-``LLMGW_VLLM_POOLING_MODEL``); skipped when only ``LLMGW_VLLM_URL`` names a real target.
+``LLMGW_VLLM_POOLING_MODEL``). A run against a real generative server alone
+(``LLMGW_VLLM_URL`` without ``LLMGW_VLLM_POOLING_URL``) deselects the tests that need one:
+tests/vllm/test_pooling_vllm.py runs them against its own real pooling replica.
 ``sim_target``: always the simulator; the fault tests use only this one.
 """
 
@@ -107,16 +109,26 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
         yield tgt
 
 
+def _no_pooling_replica() -> bool:
+    return bool(os.environ.get("LLMGW_VLLM_URL")) and not os.environ.get("LLMGW_VLLM_POOLING_URL")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Deselected, not skipped: this run's real server is generative; another run covers these.
+    if not _no_pooling_replica():
+        return
+    gone = [i for i in items if "pooling_target" in getattr(i, "fixturenames", ())]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [i for i in items if i not in gone]
+
+
 def _pooling_kinds() -> list[str]:
-    if os.environ.get("LLMGW_VLLM_POOLING_URL"):
-        return ["vllm"]
-    return ["absent"] if os.environ.get("LLMGW_VLLM_URL") else ["sim"]
+    return ["vllm"] if os.environ.get("LLMGW_VLLM_POOLING_URL") else ["sim"]
 
 
 @pytest.fixture(params=_pooling_kinds())
 async def pooling_target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
-    if request.param == "absent":
-        pytest.skip("a real target without a pooling replica (LLMGW_VLLM_POOLING_URL unset)")
     if request.param == "vllm":
         yield await vllm_target(os.environ["LLMGW_VLLM_POOLING_URL"], "LLMGW_VLLM_POOLING_MODEL")
         return
