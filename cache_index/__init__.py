@@ -3,6 +3,7 @@
 from cache_index.admission_queue import AdmissionQueue, QueueFull, Ticket, bucket_names, bucket_of
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import HashingError, block_hashes, char_block_hashes, prompt_hash
+from cache_index.inflight_prefixes import InflightPrefixes
 from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import Mode, PrefixIndex, ReplicaBlocks, ReplicaStats, TokensToHashes
 from cache_index.prompt_cache import PromptCache
@@ -13,6 +14,7 @@ __all__ = [
     "AdmissionQueue",
     "CacheIndexError",
     "HashingError",
+    "InflightPrefixes",
     "Mode",
     "PrefixHome",
     "PrefixIndex",

@@ -90,6 +90,18 @@ def allowance(
     return min(1.0, matched * request.block_tokens / (full_share * cap))
 
 
+def held(
+    request: RequestFeatures, holder: ReplicaSnapshot, full_share: float | None, least_w: float
+) -> int:
+    """Leading blocks of the request `holder` has: cached there, or in flight there when that
+    match earns an allowance of at least `least_w` (a short prefix is cheaper to copy)."""
+    cached = request.prefix_match.get(holder.name, 0)
+    running = request.inflight_match.get(holder.name, 0)
+    if running > cached and allowance(request, holder, running, full_share) >= least_w:
+        return running
+    return cached
+
+
 def load(r: ReplicaSnapshot) -> float:
     """Requests on the replica: the gateway's in-flight count, or vLLM's running + waiting.
 

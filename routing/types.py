@@ -167,6 +167,9 @@ class RequestFeatures:
     # Per-replica hints computed by the cache index (replica name -> value),
     # e.g. matched prefix blocks; plugins read them, never compute them.
     prefix_match: Mapping[str, int] = field(default_factory=dict)
+    # Leading blocks that requests still in flight on a replica carry, where deeper than its
+    # prefix_match: a prefix being computed there now, not yet in the index.
+    inflight_match: Mapping[str, int] = field(default_factory=dict)
     # Prompt tokens per block of block_hashes (the replicas' block size, or ~block_chars / 4).
     block_tokens: int = 16
     # Each tier's candidate, as the cache index reports it: the replica that last served this

@@ -99,14 +99,19 @@ class Tracing:
         self._tracer = self._provider.get_tracer("llm_gateway")
 
     def start(
-        self, kind: str, headers: Iterable[tuple[bytes, bytes]], request_id: str
+        self,
+        kind: str,
+        headers: Iterable[tuple[bytes, bytes]],
+        request_id: str,
+        name: str | None = None,
     ) -> RequestTrace | None:
+        """The request's server span; `name` replaces the one `kind` implies (a WebSocket)."""
         carrier = {
             k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in _TRACE_HEADERS
         }
         parent: Context | None = _PROPAGATOR.extract(carrier) if carrier else None
         span = self._tracer.start_span(
-            f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
+            name or f"POST /v1/{'chat/completions' if kind == 'chat' else 'completions'}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes={"llm_gateway.request_id": request_id},

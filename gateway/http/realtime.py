@@ -8,155 +8,201 @@ and refused with an HTTP error in vLLM's shape. Any other gets the gateway's ses
 session.update names a model the fleet serves; then the replica's socket opens and the held
 frames go first. Keys: `Authorization: Bearer` or `x-api-key` on the upgrade, or, from a
 browser (which cannot set headers), OpenAI's `openai-insecure-api-key.<key>` subprotocol.
+
+A session goes through the pipeline's stages (realtime_stages.py): its tenant's quota and
+class at the upgrade, its model's version once named, the admission queue before its replica
+(realtime_upstream.py), a trace and a request-log record when it ends. A draining gateway
+refuses new sessions (503) and closes open ones with 1012 when the drain period ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import parse_qs
 
-import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError, ModelNotFound, NoHealthyReplica, UpstreamFailed, echo
+from gateway.errors import GatewayError, ModelNotFound, NoHealthyReplica, UpstreamFailed
 from gateway.http.hot_io import request_id_of
+from gateway.http.realtime_stages import SWITCHED, Session, SessionStages
 from gateway.http.realtime_upstream import (
     BAD_GATEWAY,
-    TOO_BIG,
     Ending,
+    Flow,
     RealtimeUnsupported,
     Upstream,
+    close_upstream,
     open_upstream,
     reason,
     relay,
 )
+from gateway.http.realtime_waits import (
+    TRY_LATER,
+    await_model,
+    event,
+    open_watched,
+    renamer,
+    with_model,
+)
 from gateway.runtime import Runtime
+from routing.types import Decision
 
 log = logging.getLogger("llm_gateway.realtime")
 
 _KEY_PROTOCOL = "openai-insecure-api-key."
 # The subprotocol OpenAI's browser clients offer beside the key; chosen back when offered.
 _SUBPROTOCOL = "realtime"
-# RFC 6455's "try again later": the model is served, but no replica of it is up.
-_TRY_LATER = 1013
 _UNKNOWN_MODEL = "_unknown"
 
 
-def _event(kind: str, **fields: Any) -> Message:
-    return {"type": "websocket.send", "text": orjson.dumps({"type": kind, **fields}).decode()}
-
-
-def _error(message: str, code: str) -> Message:
-    """vLLM's ErrorEvent."""
-    return _event("error", error=message, code=code)
-
-
 class RealtimeRelay:
-    """The ASGI app of /v1/realtime: authenticate, route, relay, count."""
+    """The ASGI app of /v1/realtime: authenticate, admit, route, relay, count."""
 
     def __init__(
         self, runtime: Runtime, authorize: Callable[[list[tuple[bytes, bytes]]], str]
     ) -> None:
         self._runtime = runtime
         self._authorize = authorize
+        self._stages = SessionStages(runtime)
         self._open = 0
         self._rid_header = runtime.config.server.request_id_header.lower().encode()
+        # Set when the drain period ends: every open session closes with 1012 then.
+        self._stop = asyncio.Event()
+        runtime.stream_cutters.append(self._stop.set)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
+        started = time.perf_counter()
         runtime = self._runtime
         cfg = runtime.config.server
-        request_id = request_id_of(scope["headers"], self._rid_header)
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        request_id = request_id_of(headers, self._rid_header)
         offered: list[str] = list(scope.get("subprotocols", ()))
         query = scope.get("query_string", b"").decode("latin-1")
         model = _query_model(query)
+        session: Session | None = None
         try:
-            self._authorize(_credentials(scope["headers"], offered))
+            tenant = self._authorize(_credentials(headers, offered))
             if runtime.draining:
                 raise NoHealthyReplica("The gateway is shutting down.")
             if self._open >= cfg.realtime_max_sessions:
                 raise NoHealthyReplica("Too many realtime sessions are open; try again later.")
+            client = scope.get("client")
+            peer = client[0] if client else None
+            session = self._stages.begin(headers, tenant, peer, request_id, started)
+            # The tenant's slot, held until the session ends: refused before the upgrade.
+            await self._stages.reserve(session)
         except GatewayError as err:
             self._count(model, _refusal(err))
+            if session is not None:
+                self._stages.end(session, err.status, _refusal(err), None)
             await _refuse(scope, send, err, request_id)
             return
         self._open += 1
-        started = time.perf_counter()
         try:
-            await self._session(scope, receive, send, request_id, offered, query, model, started)
+            await self._session(scope, receive, send, session, offered, query, model)
         finally:
             self._open -= 1
+            self._stages.end(session, 499, "cancelled", None)  # unless it ended already
 
     async def _session(
         self,
         scope: Scope,
         receive: Receive,
         send: Send,
-        request_id: str,
+        session: Session,
         offered: list[str],
         query: str,
         model: str | None,
-        started: float,
     ) -> None:
-        runtime = self._runtime
+        runtime, stages = self._runtime, self._stages
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
         accept: Message = {"type": "websocket.accept"}
         if _SUBPROTOCOL in offered:
             accept["subprotocol"] = _SUBPROTOCOL
         held: list[Message] = []
+        cfg = runtime.config.server
         if model is not None:
             try:
-                up, replica = await open_upstream(runtime, model, request_id, query)
+                served = stages.bind_model(session, model, headers)
+                query = with_model(query, served)
+                opened = await self._open_watched(session, query, receive, held)
+                if isinstance(opened, Ending) and opened.outcome == "drained":
+                    raise NoHealthyReplica("The gateway is shutting down.")
             except GatewayError as err:
-                self._count(model, _refusal(err))
-                await _refuse(scope, send, err, request_id)
+                self._count(session.model or model, _refusal(err))
+                stages.end(session, err.status, _refusal(err), None)
+                await _refuse(scope, send, err, session.request_id)
                 return
-            await send(accept)
+            if not isinstance(opened, Ending):
+                await send(accept)
         else:
             await send(accept)
-            created = _event(
-                "session.created", id=f"sess-{uuid.uuid4().hex}", created=int(time.time())
+            await send(
+                event("session.created", id=f"sess-{uuid.uuid4().hex}", created=int(time.time()))
             )
-            await send(created)
-            named = await self._await_model(receive, send, held)
+            bind = functools.partial(stages.bind_model, session, headers=headers)
+            named = await await_model(receive, send, held, bind, cfg, self._stop)
             if isinstance(named, Ending):
-                self._count(None, named.outcome)
+                self._count(session.model or None, named.outcome)
+                stages.end(session, SWITCHED, named.outcome, named.client_code)
                 await _close(send, named)
                 return
             model = named
             try:
-                up, replica = await open_upstream(runtime, model, request_id, query)
+                opened = await self._open_watched(session, query, receive, held)
             except GatewayError as err:
-                self._count(model, _refusal(err))
-                code = _TRY_LATER if isinstance(err, NoHealthyReplica) else BAD_GATEWAY
+                self._count(session.model, _refusal(err))
+                code = TRY_LATER if err.status in (429, 503) else BAD_GATEWAY
+                stages.end(session, SWITCHED, _refusal(err), code)
                 await _close(send, Ending("", code, err.message, 1000))
                 return
-        await self._relay(up, replica, model, receive, send, held, started, request_id)
+        if isinstance(opened, Ending):  # the client left (or sent too much) while it waited
+            self._count(session.model, opened.outcome)
+            stages.end(session, SWITCHED, opened.outcome, opened.client_code)
+            await _close(send, opened)
+            return
+        up, decision = opened
+        session.replica, session.branch = decision.replica.name, decision.branch
+        await self._relay(up, session, receive, send, held, renamer(model, session.model))
+
+    async def _open_watched(
+        self, session: Session, query: str, receive: Receive, held: list[Message]
+    ) -> tuple[Upstream, Decision] | Ending:
+        """The replica's socket, opened while the client is watched (see open_watched)."""
+        opening = open_upstream(self._runtime, session.features, query, session.trace)
+        limit = self._runtime.config.server.realtime_max_message_bytes
+        return await open_watched(opening, receive, held, limit, self._release, self._stop)
+
+    def _release(self, up: Upstream) -> None:
+        self._runtime.pipeline.release(up.lease, None)
 
     async def _relay(
         self,
         up: Upstream,
-        replica: str,
-        model: str,
+        session: Session,
         receive: Receive,
         send: Send,
         held: list[Message],
-        started: float,
-        request_id: str,
+        rename: Callable[[str], str],
     ) -> None:
         cfg = self._runtime.config.server
+        pipeline = self._runtime.pipeline
+        flow = Flow(session.tally, rename, self._stop)
         try:
             async with asyncio.timeout(cfg.send_timeout_s):
                 for msg in held:
+                    session.tally.frames_in += 1
                     text = msg.get("text")
                     if text is not None:
-                        await up.ws.send_str(text)
+                        await up.ws.send_str(rename(text))
                     else:
                         await up.ws.send_bytes(msg.get("bytes") or b"")
             ending = await relay(
@@ -166,80 +212,38 @@ class RealtimeRelay:
                 cfg.realtime_idle_timeout_s,
                 cfg.send_timeout_s,
                 skip_created=bool(held),
+                flow=flow,
             )
         except (TimeoutError, OSError):
             ending = Ending("upstream_error", BAD_GATEWAY, "The model server is not reading.", 1001)
         except BaseException:
             # Cancelled (shutdown) or a bug: the replica's socket goes now, then the lease.
             try:
-                await _close_upstream(up, 1001)
+                await close_upstream(up, 1001)
             finally:
-                up.lease.release(None)
+                pipeline.release(up.lease, None)
             raise
         try:
-            await _close_upstream(up, ending.upstream_code)
+            await close_upstream(up, ending.upstream_code)
         finally:
             # Counted in flight until the replica's socket is closed; a broken one failed.
-            up.lease.release(ending.outcome != "upstream_error")
+            pipeline.release(up.lease, ending.outcome != "upstream_error")
         await _close(send, ending)
-        self._count(model, ending.outcome)
+        self._count(session.model, ending.outcome)
+        self._stages.end(session, SWITCHED, ending.outcome, ending.client_code)
         log.info(
             "realtime session %s: model %s on %s ended (%s) after %.1f s",
-            request_id,
-            model,
-            replica,
+            session.request_id,
+            session.model,
+            session.replica,
             ending.outcome,
-            time.perf_counter() - started,
+            time.perf_counter() - session.started,
         )
-
-    async def _await_model(self, receive: Receive, send: Send, held: list[Message]) -> str | Ending:
-        """The model of the client's first usable session.update; `held`: the frames before."""
-        cfg = self._runtime.config.server
-        held_bytes = 0
-        known = self._runtime.pool.known_models
-        while True:
-            try:
-                async with asyncio.timeout(cfg.realtime_idle_timeout_s):
-                    msg = await receive()
-            except TimeoutError:
-                why = f"No session.update for {cfg.realtime_idle_timeout_s:g} s."
-                return Ending("idle_timeout", 1001, why, 1001)
-            if msg["type"] == "websocket.disconnect":
-                return Ending("client_closed", None, "", 1001)
-            text: str | None = msg.get("text")
-            data: bytes | None = msg.get("bytes")
-            held_bytes += len(text) if text is not None else len(data or b"")
-            if held_bytes > cfg.realtime_max_message_bytes:
-                return Ending(
-                    "message_too_big", TOO_BIG, "Too much sent before session.update.", 1001
-                )
-            event = _json(text) if text is not None else None
-            if event is None or event.get("type") != "session.update":
-                held.append(msg)  # the replica answers it, in order, once it is chosen
-                continue
-            model = event.get("model")
-            # vLLM's answers to a session.update it cannot take (the connection stays open).
-            if model is None:
-                await send(_error("Missing required field: model", "invalid_event"))
-            elif not isinstance(model, str) or model not in known():
-                message = f"The model `{echo(str(model))}` does not exist."
-                await send(_error(message, "model_not_found"))
-            else:
-                held.append(msg)
-                return model
 
     def _count(self, model: str | None, outcome: str) -> None:
         if model is None or model not in self._runtime.pool.known_models():
             model = _UNKNOWN_MODEL
         self._runtime.metrics.realtime_session(model, outcome)
-
-
-def _json(text: str) -> dict[str, Any] | None:
-    try:
-        event = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    return event if isinstance(event, dict) else None
 
 
 def _query_model(query: str) -> str | None:
@@ -267,7 +271,9 @@ def _refusal(err: GatewayError) -> str:
         return "upstream_refused"
     if isinstance(err, UpstreamFailed):
         return "upstream_unreachable"
-    return {401: "unauthorized", 503: "no_replica"}.get(err.status, "gateway_error")
+    # 429: over the tenant's quota, or the admission queue full or waited out.
+    codes = {400: "bad_request", 401: "unauthorized", 429: "rate_limited", 503: "no_replica"}
+    return codes.get(err.status, "gateway_error")
 
 
 async def _refuse(scope: Scope, send: Send, err: GatewayError, request_id: str) -> None:
@@ -295,10 +301,3 @@ async def _close(send: Send, ending: Ending) -> None:
     message["reason"] = reason(ending.client_reason)
     with contextlib.suppress(OSError):  # it left first (uvicorn's ClientDisconnected)
         await send(message)
-
-
-async def _close_upstream(up: Upstream, code: int) -> None:
-    if up.ws.closed:
-        return
-    with contextlib.suppress(OSError, TimeoutError):  # gone: nothing left to tell it
-        await up.ws.close(code=code)

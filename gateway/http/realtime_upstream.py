@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 import orjson
 from starlette.types import Message, Receive, Send
 
 from gateway.errors import GatewayError, NoHealthyReplica, UpstreamFailed
+from gateway.http.realtime_stages import Tally
 from gateway.replicas.pool import Lease
 from gateway.runtime import Runtime
-from routing.types import NoReplicaError, RequestFeatures
+from routing.types import Branch, Decision, NoReplicaError, RequestFeatures
+from telemetry.tracing import RequestTrace, end_attempt
 
 log = logging.getLogger("llm_gateway.realtime")
 
@@ -23,6 +26,10 @@ PATH = "/v1/realtime"
 BAD_GATEWAY = 1014
 TOO_BIG = 1009
 GOING_AWAY = 1001
+# uvicorn's (and vLLM's) code for its sockets when the server stops: "service restart".
+SERVICE_RESTART = 1012
+# Only a frame holding this can be the event with the usage: the rest are never parsed.
+_DONE = '"transcription.done"'
 # A close reason is at most 123 bytes (RFC 6455 5.5.1: control frames carry 125).
 _REASON_BYTES = 123
 
@@ -70,37 +77,49 @@ def to_client(code: int | None) -> int:
 
 
 async def open_upstream(
-    runtime: Runtime, model: str, request_id: str, query: str
-) -> tuple[Upstream, str]:
-    """The socket of a replica serving `model` (least loaded first) and that replica's name."""
-    runtime.pipeline.check_model(model)  # 404 unknown, 503 nothing discovered yet
+    runtime: Runtime, features: RequestFeatures, query: str, trace: RequestTrace | None
+) -> tuple[Upstream, Decision]:
+    """A replica's socket for `features.model`, routed as `Pipeline.open` (admission, retries)."""
+    pipeline = runtime.pipeline
+    model = features.model
     cfg = runtime.config.upstream
     server = runtime.config.server
     pool, metrics = runtime.pool, runtime.metrics
-    features = RequestFeatures(model=model, request_id=request_id)
-    headers = {"x-request-id": request_id}
+    headers = {"x-request-id": features.request_id}
     if cfg.api_key:
         headers["authorization"] = f"Bearer {cfg.api_key}"
     tried: list[str] = []
     last: GatewayError | None = None
-    for _ in range(1 + cfg.max_retries):
+    for attempt in range(1 + cfg.max_retries):
         try:
             # No prompt, so no cache features: the profile places the session by load.
-            decision = runtime.router.route(features, pool.snapshots(), tried)
+            if attempt == 0:
+                decision, waited = await pipeline.admit(features)
+            else:
+                decision, waited = runtime.router.route(features, pool.snapshots(), tried), False
         except NoReplicaError as exc:
             if last is not None:
                 raise last from None
             log.info("no replica for realtime %s: %s", model, exc.reason)
             raise NoHealthyReplica(f"No healthy replica is serving model `{model}`.") from None
+        decision = pipeline.traffic.relabel(features, decision)
+        if waited:
+            decision = replace(decision, branch=Branch.QUEUED)
         name = decision.replica.name
         metrics.decision(name, decision.branch)
         lease = pool.acquire(name)
         url = decision.replica.url + PATH + (f"?{query}" if query else "")
+        span, sent = None, headers
+        if trace is not None:
+            span, carrier = trace.attempt(
+                name, decision.replica.url, attempt + 1, decision.branch, decision.total
+            )
+            sent = {**headers, **carrier}  # the replica joins the session's trace
         try:
             async with asyncio.timeout(cfg.response_head_timeout_s):
                 ws = await runtime.session.ws_connect(
                     url,
-                    headers=headers,
+                    headers=sent,
                     max_msg_size=server.realtime_max_message_bytes,
                     timeout=aiohttp.ClientWSTimeout(
                         ws_receive=None, ws_close=cfg.connect_timeout_s
@@ -109,23 +128,32 @@ async def open_upstream(
                 )
         except aiohttp.WSServerHandshakeError as exc:
             # It answered, with a status: vLLM does so for a model without a realtime task.
-            lease.release(None if exc.status < 500 else False)
+            if span is not None:
+                end_attempt(span, f"http_{exc.status}")
+            pipeline.release(lease, None if exc.status < 500 else False)
             log.warning("replica %s refused the realtime upgrade: HTTP %d", name, exc.status)
             raise RealtimeUnsupported(
                 f"The model server refused the realtime session (HTTP {exc.status}): "
                 f"replica `{name}` has no /v1/realtime for model `{model}`."
             ) from None
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            lease.release(False, type(exc).__name__)
+            why = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+            if span is not None:
+                end_attempt(span, why)
+            pipeline.release(lease, False, type(exc).__name__)
             log.warning("realtime upgrade to %s failed: %s", name, type(exc).__name__)
-            metrics.retry(name, "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__)
+            metrics.retry(name, why)
             tried.append(name)
             last = UpstreamFailed("The model server could not be reached.")
             continue
         except BaseException:
-            lease.release(None)
+            if span is not None:
+                end_attempt(span, "cancelled")
+            pipeline.release(lease, None)
             raise
-        return Upstream(ws, lease), name
+        if span is not None:
+            end_attempt(span, "ok")
+        return Upstream(ws, lease), decision
     assert last is not None
     raise last
 
@@ -138,6 +166,30 @@ class Ending:
     client_code: int | None  # None: the client is gone, nothing to send it
     client_reason: str
     upstream_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """The relay's companions: its counts, the client frames' rewrite, the drain's end."""
+
+    tally: Tally
+    # A client text frame as the replica gets it (a session.update's model, renamed).
+    rename: Callable[[str], str]
+    stop: asyncio.Event
+
+
+def _count_usage(text: str, tally: Tally) -> None:
+    """Add a transcription.done's usage (vLLM's UsageInfo) to the session's tally."""
+    try:
+        event = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(event, dict) or event.get("type") != "transcription.done":
+        return
+    usage = event.get("usage")
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    if isinstance(total, int) and not isinstance(total, bool) and total >= 0:
+        tally.usage(total)
 
 
 def _is_created(text: str) -> bool:
@@ -162,12 +214,14 @@ async def relay(
     idle_s: float,
     send_timeout_s: float,
     skip_created: bool,
+    flow: Flow,
 ) -> Ending:
-    """Frames both ways until one side closes or both stay silent for `idle_s`."""
+    """Frames both ways until a side closes, both idle `idle_s`, or `flow.stop` (drain) is set."""
     loop = asyncio.get_running_loop()
     last = [loop.time()]
     touch = _activity(loop, last)
     ws = up.ws
+    tally, rename = flow.tally, flow.rename
 
     async def from_client() -> Ending:
         while True:
@@ -177,10 +231,11 @@ async def relay(
                 outcome = "message_too_big" if code == TOO_BIG else "client_closed"
                 return Ending(outcome, None, "", to_upstream(code))
             touch()
+            tally.frames_in += 1
             async with asyncio.timeout(send_timeout_s):
                 text = msg.get("text")
                 if text is not None:
-                    await ws.send_str(text)
+                    await ws.send_str(rename(text))
                 else:
                     await ws.send_bytes(msg.get("bytes") or b"")
 
@@ -196,6 +251,9 @@ async def relay(
                     # The client already holds the gateway's session.created.
                     if kind is aiohttp.WSMsgType.TEXT and _is_created(msg.data):
                         continue
+                if kind is aiohttp.WSMsgType.TEXT and _DONE in msg.data:
+                    _count_usage(msg.data, tally)
+                tally.frames_out += 1
                 out: Message = {"type": "websocket.send"}
                 out["text" if kind is aiohttp.WSMsgType.TEXT else "bytes"] = msg.data
                 await send(out)
@@ -218,7 +276,12 @@ async def relay(
                 return Ending("idle_timeout", GOING_AWAY, text, GOING_AWAY)
             await asyncio.sleep(left)  # a timer: activity moves the deadline, not a signal
 
-    return await _first(from_client(), from_upstream(), idle())
+    async def drained() -> Ending:
+        await flow.stop.wait()
+        text = "The gateway is shutting down."
+        return Ending("drained", SERVICE_RESTART, text, GOING_AWAY)
+
+    return await _first(from_client(), from_upstream(), idle(), drained())
 
 
 async def _first(*coros: Awaitable[Ending]) -> Ending:
@@ -244,3 +307,11 @@ async def _first(*coros: Awaitable[Ending]) -> Ending:
         text = "The model server closed the connection."
         return Ending("upstream_error", BAD_GATEWAY, text, GOING_AWAY)
     raise exc
+
+
+async def close_upstream(up: Upstream, code: int) -> None:
+    """Close the replica's socket with `code`, unless it is closed already."""
+    if up.ws.closed:
+        return
+    with contextlib.suppress(OSError, TimeoutError):  # gone: nothing left to tell it
+        await up.ws.close(code=code)

@@ -83,7 +83,8 @@ def _uvicorn_config(app: ASGIApp, runtime: Runtime, log_level: str) -> uvicorn.C
         # /v1/realtime: the upgraded connection keeps the send timeout and client count
         # (http/ws_protocol.py); its relay bounds idle time. No compression: a relay would
         # inflate and deflate every frame on the event loop.
-        ws=guarded_ws_protocol(runtime.config.server),
+        # A drain (SIGTERM) keeps open sessions until they end or drain_timeout_s passes.
+        ws=guarded_ws_protocol(runtime.config.server, lambda: runtime.draining),
         ws_max_size=runtime.config.server.realtime_max_message_bytes,
         ws_per_message_deflate=False,
         # The runtime is started (and stopped) by the process, beside the gRPC front end.

@@ -11,6 +11,7 @@ from typing import Any
 
 from cache_index.admission_queue import bucket_of
 from cache_index.hashing import block_hashes, char_block_hashes, prompt_hash
+from cache_index.inflight_prefixes import InflightPrefixes
 from cache_index.prefix_home import PrefixHome
 from cache_index.prefix_index import PrefixIndex
 from cache_index.prompt_cache import PromptCache
@@ -26,6 +27,8 @@ log = logging.getLogger("llm_gateway.affinity")
 
 # Estimated prompt tokens (parse-time estimate) above which features are computed off the loop.
 _THREAD_ABOVE_TOKENS = 4096
+# Requests in flight whose prefixes one process tracks (far above any replica's batch).
+_MAX_INFLIGHT = 1 << 16
 # Prefixed to a token-id prompt's bytes before its prompt hash: no text hashes the same.
 _IDS_KEY = b"\x00token-ids\x00"
 # Routes that generate (and so leave a prefix in the replica's KV cache).
@@ -62,6 +65,8 @@ class Affinity:
         # Homes are kept for precise replicas only (approximate ones remember their routing
         # history in the index itself); an eighth of the index's bound (~100 B an entry).
         self.homes = PrefixHome(max(1, cfg.max_total_blocks // 8))
+        # Prefixes being computed now: a second request of a new prefix follows the first.
+        self.inflight = InflightPrefixes(_MAX_INFLIGHT)
         self._session_header = cfg.session_header.lower().encode()
         # Without a tokenizer a 64-character block is about 16 tokens (~4 characters each).
         self.block_tokens = cfg.block_size if self.tokenizer else max(1, cfg.block_chars // 4)
@@ -155,13 +160,20 @@ class Affinity:
             bucket = bucket_of(self.buckets, req.features.prompt_tokens)
             return with_features(req.features, bucket=bucket)
         tokens, p_hash, hashes = digest
+        if req.kind == "chat_batch":  # hashed on its first conversation, sized on them all
+            tokens = batch_route.prompt_tokens(req.data, tokens)
         now = time.monotonic()
         header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
         session = session_key(header, req.data.get("user"))
         match = self.prefixes.match(hashes) if hashes else {}
+        running: dict[str, int] = {}
+        if hashes and self.inflight:
+            running = self.inflight.match(hashes)
+            for replica in [r for r, depth in running.items() if depth <= match.get(r, 0)]:
+                del running[replica]
         # Every tier answers; the routing profile decides which one the request follows.
         home = None
-        if not match and hashes:
+        if not match and not running and hashes:
             # No cache holds any of it: if vLLM evicted it, it may go back where it lived.
             home = self.homes.lookup(hashes)
         return with_features(
@@ -172,6 +184,7 @@ class Affinity:
             block_hashes=hashes,
             session=session,
             prefix_match=match,
+            inflight_match=running,
             block_tokens=self.block_tokens,
             prompt_cache_replica=self.prompts.get(p_hash, now),
             session_replica=self.sessions.get(session, now) if session is not None else None,
@@ -213,3 +226,4 @@ class Affinity:
         self.sessions.forget_replica(replica)
         self.prefixes.remove_replica(replica)
         self.homes.forget_replica(replica)
+        self.inflight.forget_replica(replica)

@@ -41,6 +41,7 @@ def decision_line(
     chosen = decision.replica.name
     affinity, kind = router.affinity(features)
     match = sorted(features.prefix_match.items(), key=lambda kv: (-kv[1], kv[0]))
+    running = sorted(features.inflight_match.items(), key=lambda kv: (-kv[1], kv[0]))
     totals = sorted(router.totals(decision).items(), key=lambda kv: (-kv[1], kv[0]))
     # The chosen replica's unweighted score from each scorer.
     scores = ((name, f"{by[chosen]:.4f}") for name, by in decision.scores.items() if chosen in by)
@@ -62,6 +63,7 @@ def decision_line(
         ("blocks", len(features.block_hashes)),
         ("prefix_holders", len(match)),
         ("prefix_match", _pairs((r, str(n)) for r, n in match[:_PREFIX_MATCH_LOG_LIMIT])),
+        ("inflight_match", _pairs((r, str(n)) for r, n in running[:_PREFIX_MATCH_LOG_LIMIT])),
         ("scores", _pairs(scores)),
         ("totals", _pairs((r, f"{t:.4f}") for r, t in totals)),
     )

@@ -172,12 +172,14 @@ class Pipeline:
                     ),
                 )
             lease = self._pool.acquire(name)
+            self._affinity.inflight.add(id(lease), name, features.block_hashes)
             replica = lease.replica
             retry = attempt > 0 and not unsent
             self._retrying += retry
             # Counted as queued prefill on the replica until its first byte arrives.
             # The prefill it will cost there: the part of the prompt that replica doesn't hold.
-            cached = features.prefix_match.get(name, 0) * features.block_tokens
+            held = max(features.prefix_match.get(name, 0), features.inflight_match.get(name, 0))
+            cached = held * features.block_tokens
             prefill = max(0, features.prompt_tokens - cached)
             replica.queued_prefill_tokens += prefill
             span, sent = None, headers
@@ -250,6 +252,19 @@ class Pipeline:
             features, lambda: router.route(features, pool.snapshots()), lane
         )
 
+    # Seams for /v1/realtime (gateway/http/realtime_stages.py), which routes without `open`.
+    @property
+    def traffic(self) -> Traffic:
+        return self._traffic
+
+    async def admit(self, features: RequestFeatures) -> tuple[Decision, bool]:
+        """`open`'s first routing (the admission queue while saturated): (decision, waited)."""
+        return await self._first_route(features)
+
+    def release(self, lease: Lease, ok: bool | None, detail: str = "") -> None:
+        """Release a lease taken outside `open`, waking the admission queue."""
+        self._release(lease, ok, detail)
+
     def _retry_allowed(self) -> bool:
         """Envoy's retry budget: retries in flight stay within a share of active requests."""
         cfg = self._cfg
@@ -261,6 +276,7 @@ class Pipeline:
     def _release(self, lease: Lease, ok: bool | None, detail: str = "") -> None:
         # ok None: neither outcome (the client left, the gateway stops), not the replica's.
         lease.release(ok, detail)
+        self._affinity.inflight.remove(id(lease))
         if self._admission is not None:
             self._admission.notify()
 

@@ -104,6 +104,11 @@ def _estimate_chat_chars(messages: list[Any]) -> int:
     return total
 
 
+def conversation_chars(messages: list[Any]) -> int:
+    """A conversation's text in characters: its prompt-token estimate is a quarter of it."""
+    return _estimate_chat_chars(messages)
+
+
 def _token_ids(value: list[Any]) -> bool:
     """True for a list of token ids (integers in [0, 2**32)): one pass in C, no Python loop."""
     try:

@@ -112,6 +112,22 @@ class Traffic:
             features=replace(features, model=served),
         )
 
+    def choose_session(
+        self, model: str, headers: list[tuple[bytes, bytes]], features: RequestFeatures
+    ) -> RequestFeatures:
+        """`choose` for a bodiless request (a realtime session): its features, version bound."""
+        versions = self._versions.get(model)
+        if versions is None:
+            return features
+        header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
+        weight = self._canary_weight(features)
+        version = choose_version(versions, session_key(header, None), self._rng, weight)
+        self._count(model, version.name)
+        if version.labels:
+            features = replace(features, version_labels=version.labels)
+        served = version.served_model or model
+        return features if features.model == served else replace(features, model=served)
+
     def _canary_weight(self, features: RequestFeatures) -> int | None:
         if not self._header_on or features.canary_weight is None:
             return None

@@ -3,14 +3,14 @@
 A replica passes the load guard when load (routing.scoring.load) <= guard_ratio x mean
 candidate load + guard_slack; the slack lets an idle fleet take requests at all.
 1. request.affinity_replica passing it: "prompt_cache_hit", "session", "prefix_home".
-2. Holders (request.prefix_match >= min_match_blocks), by longest match, least load, fewest
-   recent picks, highest total, then at random; the first passing wins: "prefix_hit". A
-   match filling s < full_allowance_share of the holder's KV cache earns w = s /
-   full_allowance_share of the allowance above the least load (routing.scoring.allowance),
-   and passes the share bound while its count among the last share_window picks is <= mean
-   + w x ((share_ratio - 1) x mean + share_slack): a short prefix is cheap to copy, so its
-   holders must not draw every new prefix. Full matches (w = 1) and affinity have no share
-   bound unless share_all.
+2. Holders (routing.scoring.held >= min_match_blocks: prefix_match, or a prefix in flight with
+   w >= inflight), by longest match, least load, fewest recent picks, highest total, then at
+   random; the first passing wins: "prefix_hit". A match filling s < full_allowance_share of
+   the holder's KV cache earns w = s / full_allowance_share of the allowance above the least
+   load (routing.scoring.allowance), and passes the share bound while its count among the
+   last share_window picks is <= mean + w x ((share_ratio - 1) x mean + share_slack): a short
+   prefix is cheap to copy, so its holders must not draw every new prefix. Full matches
+   (w = 1) and affinity have no share bound unless share_all.
 3. A candidate failed: "share_guard" if a holder failed its share, else "load_guard". 4. None:
 "miss_by_load". In 3 and 4 the best total within the guards wins, then at random; but while the
 guard cannot bind (low concurrency), only the fewest recently picked of those within share_band
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import affinity_branch, allowance, choose, load, near_best
+from routing.scoring import affinity_branch, allowance, choose, held, load, near_best
 from routing.share import Shares, ShareWindow
 from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
@@ -41,6 +41,7 @@ class Params:
     min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
     prefix_holders: bool = param(True, "follow prefix holders (tier 2, step 2)")
     full_allowance_share: float | None = param(None, "KV share a match fills for the whole guard")
+    inflight: float = param(0.5, "least w that makes a prefix in flight a holder")
     share_window: int = param(0, "recent picks each replica's share is counted over (0: off)")
     share_ratio: float = param(2.0, "share allowed relative to the mean recent share")
     share_slack: float = param(8.0, "picks allowed above share_ratio x mean recent share")
@@ -92,13 +93,12 @@ class AffinityGuard:
         elif i >= 0 and loads[i] <= limit:
             return Pick(i, affinity_branch(request))
         guarded = i >= 0
-        match = request.prefix_match if p.prefix_holders else None
         limits = [limit] * n
-        if match:
+        if p.prefix_holders and (request.prefix_match or request.inflight_match):
             holders = [
                 (-m, loads[i], shares.count(i) if bound else 0, -totals[i], self._rng.random(), i)
                 for i, r in enumerate(replicas)
-                if (m := match.get(r.name, 0)) >= p.min_match_blocks
+                if (m := held(request, r, p.full_allowance_share, p.inflight)) >= p.min_match_blocks
             ]
             least = min(loads)
             for neg_m, lo, *_, i in sorted(holders):

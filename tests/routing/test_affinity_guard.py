@@ -363,3 +363,34 @@ def test_holders_tied_on_match_and_load_go_by_score_then_at_random() -> None:
 def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) -> None:
     with pytest.raises(PluginConfigError, match=message):
         PLUGINS["affinity_guard"].build(raw)
+
+
+def _inflight_pick(blocks: int, indexed: int = 0) -> str:
+    """Who takes a prompt whose first `blocks` blocks a request in flight on "a" carries.
+
+    `indexed`: how many of them the index already holds on "a". Loads a=1, others idle; a
+    1,024-token cache and a full-allowance share of 1/4 (256 tokens = 16 blocks).
+    """
+    reps = [
+        replica(n, in_flight=x, cache_capacity_tokens=1024)
+        for n, x in zip(NAMES, [1, 0, 0, 0], strict=True)
+    ]
+    params = {"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": 0.25, "seed": 0}
+    picker = PLUGINS["affinity_guard"].build(params)
+    request = RequestFeatures(
+        model=MODEL,
+        prefix_match={"a": indexed} if indexed else {},
+        inflight_match={"a": blocks},
+        block_tokens=16,
+    )
+    return reps[picker.pick(request, reps, [0.0, 1.0, 1.0, 1.0]).index].name
+
+
+def test_a_long_prefix_in_flight_draws_the_next_request_and_a_short_one_does_not() -> None:
+    # 16 blocks fill the share (w = 1), 8 half of it: the default inflight_allowance.
+    assert _inflight_pick(16) == "a"
+    assert _inflight_pick(8) == "a"
+    # 4 blocks (w = 1/4): cheap to copy, so the request goes by load, as a miss would.
+    assert _inflight_pick(4) != "a"
+    # A short prefix the index holds there is a holder as before (its allowance: 2.5).
+    assert _inflight_pick(5, indexed=4) == "a"

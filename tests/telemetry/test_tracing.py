@@ -3,45 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import httpx
-import pytest
-from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from gateway.config import RoutingConfig, TelemetryConfig
 from gateway.process import running_gateway
 from gateway.proxy.tenancy_config import TenancyConfig
 from simulator import SimFleet
+from tests import otlp_collector
 from tests.gateway.conftest import MODEL, gateway_config, set_faults
+
+collector = otlp_collector.collector  # the fixture, under its own name
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
-
-
-@pytest.fixture
-async def collector() -> AsyncIterator[tuple[str, list[ExportTraceServiceRequest]]]:
-    received: list[ExportTraceServiceRequest] = []
-
-    async def traces(request: web.Request) -> web.Response:
-        msg = ExportTraceServiceRequest()
-        msg.ParseFromString(await request.read())
-        received.append(msg)
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/v1/traces", traces)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/v1/traces", received
-    finally:
-        await runner.cleanup()
 
 
 def _spans(received: list[ExportTraceServiceRequest]) -> list[object]:

@@ -3,15 +3,27 @@ its first conversation's prefix, retried before the first byte, bad shapes refus
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
+from gateway.config import ScoreLoopConfig
 from gateway.process import RunningGateway, running_gateway
 from simulator import SimFleet
-from tests.gateway.conftest import MODEL, SIM, gateway_config, set_faults
+from tests.gateway.conftest import (
+    MODEL,
+    ONE_EACH,
+    SIM,
+    eventually,
+    gateway_config,
+    hold,
+    holding,
+    in_flight,
+    set_faults,
+)
 
 BATCH = "/v1/chat/completions/batch"
 _DECISION = re.compile(
@@ -112,3 +124,29 @@ async def test_a_replica_refusal_is_relayed_unchanged(
         through = await c.post(gw.url + BATCH, json=body)
     assert direct.status_code == through.status_code == 400
     assert through.json() == direct.json()
+
+
+async def test_a_batch_waits_in_the_bucket_of_all_its_conversations(fleet: SimFleet) -> None:
+    cfg = gateway_config(
+        fleet, routing=ONE_EACH, score_loop=ScoreLoopConfig(scrape_interval_s=30.0)
+    )
+    async with running_gateway(cfg) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as c:
+        release = asyncio.Event()
+        holders = [asyncio.create_task(hold(c, holding(2000), release)) for _ in range(2)]
+        await eventually(lambda: sum(in_flight(gw).values()) == 2, what="both replicas busy")
+        # A short first conversation, a long later one (~1,250 tokens): the batch is long.
+        convs = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "word " * 1000}]]
+        waiting = asyncio.create_task(
+            c.post(BATCH, json={"model": MODEL, "messages": convs, "max_tokens": 2})
+        )
+        admission = gw.runtime.admission
+        assert admission is not None
+        await eventually(lambda: len(admission.queue) == 1, what="batch queued")
+        text = gw.runtime.metrics.render().decode()
+        assert f'llm_request_queue_depth{{bucket="gt512",model="{MODEL}"}} 1.0' in text
+        assert f'llm_request_queue_depth{{bucket="le128",model="{MODEL}"}} 0.0' in text
+        release.set()
+        r = await waiting
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+        await asyncio.gather(*holders)
