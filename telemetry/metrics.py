@@ -205,6 +205,7 @@ class _SharedState(Collector):
             yield leases
         for name, key, text in (
             ("failed_ops", "failed_ops", "Redis operations that failed or timed out."),
+            ("late_ops", "late_ops", "Timeouts within late_grace_s: decided alone, kept up."),
             ("outcomes_published", "published", "Routing outcomes this process published."),
             ("outcomes_applied", "applied", "Other processes' routing outcomes applied here."),
             ("outcomes_stale", "stale_local", "Outcomes older than the local entry: ignored."),

@@ -19,6 +19,9 @@ class SharedStateConfig:
     # Background round trips (publish, leases, in-flight reads, settles, bootstrap chunks).
     batch_timeout_s: float = 0.25
     connect_timeout_s: float = 0.5
+    # Round trips may time out this long, none answered, before this process stops sharing
+    # (a refused connection stops it at once); each late one still falls back alone.
+    late_grace_s: float = 1.0
     # Routing outcomes are batched for this long, then published and written in one pipeline.
     flush_interval_s: float = 0.01
     # How often the other processes' in-flight counts are read (and this one's lease
@@ -98,6 +101,8 @@ class SharedStateConfig:
             raise ValueError(
                 "scrape_lease_ttl_s must exceed 2 x inflight_poll_s and 2 x inflight_idle_poll_s"
             )
+        if self.late_grace_s < 0:
+            raise ValueError(f"late_grace_s must be >= 0, got {self.late_grace_s}")
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
 

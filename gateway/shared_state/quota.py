@@ -60,6 +60,7 @@ class RedisQuotaStore:
             return self.local.reserve_now(tenant, limits, tokens, now)
         finally:
             self.max_wait_s = max(self.max_wait_s, time.perf_counter() - started)
+        shared.answered()
         if answer is None:
             self._held[tenant] = self._held.get(tenant, 0) + 1
             return None

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway.proxy.affinity import Affinity
@@ -26,7 +27,7 @@ from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap
 from gateway.shared_state.config import SharedStateConfig
-from gateway.shared_state.link import SharedStats, default_process_id
+from gateway.shared_state.link import Lateness, SharedStats, default_process_id
 from gateway.shared_state.mirror import Mirror, Outcome, decode_message, encode, outcome_of, split
 from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, SHAS, Keys
@@ -38,6 +39,8 @@ log = logging.getLogger("llm_gateway.shared_state")
 # What a Redis call may raise besides CancelledError (never caught): its errors, a socket's,
 # and our own deadline.
 FAILURES = (RedisError, OSError, TimeoutError)
+# Late, not refused: within late_grace_s these leave the link up.
+TIMEOUTS = (TimeoutError, RedisTimeoutError)
 # Outcomes and block hashes per pub/sub message: a burst becomes a few messages, each well
 # under Redis's pub/sub output-buffer limits (8 MB soft) for a subscriber that lags.
 _PER_MESSAGE = 256
@@ -71,6 +74,7 @@ class SharedState:
         self.pool = pool
         self.mirror = Mirror(affinity, pool)
         self.stats = SharedStats()
+        self._lateness = Lateness(cfg.late_grace_s)
         # One /metrics scraper per replica for every process (None: each scrapes its own).
         self.scrapes: ScrapeLeases | None = None
         if cfg.share_scrapes:
@@ -178,14 +182,23 @@ class SharedState:
     # --- up and down ---------------------------------------------------------------------
 
     def failed(self, what: str, exc: BaseException) -> None:
-        """An operation failed: count it, and go down (one log line) if we were up."""
+        """An operation failed: count it, and go down (one log line) if we were up, unless it
+        only timed out within late_grace_s of the last answer."""
         self.stats.failed_ops += 1
-        self._mark_down(what, exc)
+        if isinstance(exc, TIMEOUTS) and not self._lateness.late(time.monotonic()):
+            self.stats.late_ops += 1
+        else:
+            self._mark_down(what, exc)
         _reraise_cancel()
+
+    def answered(self) -> None:
+        """A round trip was answered in time: a run of late ones is over."""
+        self._lateness.answered()
 
     def _mark_down(self, what: str, exc: BaseException | None) -> None:
         # Subscribe again once back: the subscription may have died with the connection.
         self._subscribed.clear()
+        self._lateness.answered()
         if self._down.is_set():
             return
         was_up = self.up
@@ -269,6 +282,7 @@ class SharedState:
             try:
                 async with asyncio.timeout(self.cfg.batch_timeout_s):
                     await self._flush()
+                self.answered()
             except FAILURES as exc:
                 self.failed("flush", exc)
             _reraise_cancel()
@@ -322,6 +336,7 @@ class SharedState:
             try:
                 async with asyncio.timeout(self.cfg.batch_timeout_s):
                     await self._beat()
+                self.answered()
             except FAILURES as exc:
                 self.failed("in-flight", exc)
             _reraise_cancel()
@@ -408,6 +423,7 @@ class SharedState:
         return {
             "up": 1.0 if self.up else 0.0,
             "failed_ops": s.failed_ops,
+            "late_ops": s.late_ops,
             "published": s.published,
             "applied": m.applied,
             "stale_local": m.stale,

@@ -76,7 +76,9 @@ async def test_redis_paused_requests_wait_at_most_the_op_timeout(
     fleet4: SimFleet, redis_server: RedisServer
 ) -> None:
     op_timeout = 0.02
-    cfg = _tenant_config(fleet4, redis_server, op_timeout_s=op_timeout, reconnect_max_s=0.1)
+    cfg = _tenant_config(
+        fleet4, redis_server, op_timeout_s=op_timeout, reconnect_max_s=0.1, late_grace_s=0.1
+    )
     headers = {"authorization": f"Bearer {KEY}"}
     async with gateways(cfg) as gws:
         stores = [store(gw) for gw in gws]
@@ -101,6 +103,43 @@ async def test_redis_paused_requests_wait_at_most_the_op_timeout(
             await eventually(lambda: all(up_gauge(gw) == 1.0 for gw in gws), what="up", timeout=5)
         finally:
             await admin.aclose()
+
+
+async def test_redis_late_for_less_than_the_grace_keeps_sharing_up(
+    fleet4: SimFleet, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "llm_gateway.shared_state")
+    op_timeout = 0.02
+    cfg = _tenant_config(fleet4, redis_server, op_timeout_s=op_timeout, late_grace_s=10.0)
+    headers = {"authorization": f"Bearer {KEY}"}
+    async with gateways(cfg) as gws:
+        stores = [store(gw) for gw in gws]
+        admin = aioredis.Redis.from_url(redis_server.url)
+        try:
+            # Every round trip is late while Redis is paused: each request decides alone...
+            await admin.client_pause(2500, all=True)
+            paused = time.monotonic()
+            for i in range(6):
+                gw = gws[i % 2]
+                r = await gw.client.post(
+                    "/v1/chat/completions", json=chat(f"late{i}", 1), headers=headers
+                )
+                assert r.status_code == 200
+            assert time.monotonic() - paused < 2.5, "the pause ended before the requests did"
+            assert all(s.fallbacks > 0 for s in stores)
+            assert all(shared(gw).stats.late_ops > 0 for gw in gws)
+            # ...but the link stays up: no process drops the shared view for one late answer.
+            assert all(up_gauge(gw) == 1.0 for gw in gws)
+            await admin.ping()  # answered once the pause is over
+            before = [s.fallbacks for s in stores]
+            r = await gws[0].client.post(
+                "/v1/chat/completions", json=chat("after", 1), headers=headers
+            )
+            assert r.status_code == 200 and stores[0].fallbacks == before[0]
+        finally:
+            await admin.aclose()
+        assert all(shared(gw).stats.downs == 0 for gw in gws)
+    assert not any("shared state down" in r.getMessage() for r in caplog.records)
 
 
 async def test_two_gateways_refuse_at_the_shared_rpm_limit(
