@@ -2,8 +2,9 @@
 
 `python -m benchmarks.overhead_loop [--concurrency 1,16] [--requests N] [--out FILE]` starts
 the static upstream and a gateway whose every loop callback is timed, drives non-streamed and
-streamed chat completions at each concurrency, and reports per-callback CPU (max, p99, count
-over the limit). Exit status 1 when any callback after the warm-up took over `--limit-ms`.
+streamed chat completions at each concurrency (`--long-every N`: one in N with an 8k-token
+prompt), and reports per-callback CPU (max, p99, count over the limit). Exit status 1 when any
+callback after the warm-up took over `--limit-ms`.
 
 Why per callback, and CPU: a callback is one request's synchronous step (one task step, one
 socket's read: at c=64 a loop iteration runs many, each still one request's), so bounding each
@@ -44,6 +45,8 @@ from benchmarks.static_upstream import MODEL
 
 HOST = "127.0.0.1"
 LIMIT_MS = 1.0
+# With --long-every N, one request in N carries a prompt of ~LONG_PROMPT_TOKENS (issue 17's 8k).
+LONG_PROMPT_TOKENS = 8192
 _START_TIMEOUT_S = 30.0
 
 
@@ -225,7 +228,12 @@ async def _timed_gateway(work: Path, limit_ms: float, inject_ms: float) -> Async
             await child.stop()
 
 
-async def _load(port: int, concurrency: int, requests: int) -> None:
+def long_prompt(i: int, tokens: int = LONG_PROMPT_TOKENS) -> str:
+    """A prompt of about `tokens` tokens (one per word), distinct per `i` from its first word."""
+    return f"request {i}: " + " ".join(f"w{k % 97}" for k in range(tokens))
+
+
+async def _load(port: int, concurrency: int, requests: int, long_every: int = 0) -> None:
     url = f"http://{HOST}:{port}/v1/chat/completions"
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hello there"}]}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -233,7 +241,11 @@ async def _load(port: int, concurrency: int, requests: int) -> None:
 
         async def one(i: int) -> None:
             stream = i % 4 == 3  # a quarter streamed
-            r = await client.post(url, json={**body, "stream": stream})
+            doc: dict[str, Any] = {**body, "stream": stream}
+            if long_every and i % (2 * long_every) in (1, long_every + 3):  # streamed and not
+                # Parsing, templating, tokenizing and hashing grow with the prompt.
+                doc["messages"] = [{"role": "user", "content": long_prompt(i)}]
+            r = await client.post(url, json=doc)
             r.raise_for_status()
 
         async def worker(k: int) -> None:
@@ -265,7 +277,11 @@ async def _stats(gw: asyncio.subprocess.Process, log: Path, since: int) -> dict[
 
 
 async def check(
-    concurrency: tuple[int, ...], requests: int, limit_ms: float = LIMIT_MS, inject_ms: float = 0.0
+    concurrency: tuple[int, ...],
+    requests: int,
+    limit_ms: float = LIMIT_MS,
+    inject_ms: float = 0.0,
+    long_every: int = 0,
 ) -> list[LoopCheck]:
     """Each concurrency: warm up, mark, `requests` requests, the callbacks' CPU since the mark."""
     out: list[LoopCheck] = []
@@ -276,7 +292,7 @@ async def check(
                 since = _size(log)
                 gw.send_signal(signal.SIGUSR1)
                 await asyncio.sleep(0.2)  # the mark lands before the load (a signal is async)
-                await _load(port, conc, requests)
+                await _load(port, conc, requests, long_every)
                 stats = await _stats(gw, log, since)
                 slow = tuple(x for x in _lines(log, since) if x.startswith(("SLOW ", "GC ")))
                 out.append(LoopCheck(conc, requests, slow=slow[:200], **stats))
@@ -290,13 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inject-ms", type=float, default=0.0)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--long-every", type=int, default=0, help="1 in N with an 8k prompt")
     parser.add_argument("--out", default="", help="results JSON file")
     parser.add_argument("gateway_args", nargs="*", help="after --: gateway.cli's arguments")
     args = parser.parse_args(argv)
     if args.serve:
         return serve(args.gateway_args, args.limit_ms, args.inject_ms)
     conc = tuple(int(c) for c in args.concurrency.split(","))
-    rows = asyncio.run(check(conc, args.requests, args.limit_ms, args.inject_ms))
+    rows = asyncio.run(check(conc, args.requests, args.limit_ms, args.inject_ms, args.long_every))
     for r in rows:
         print(
             f"c={r.concurrency}: {r.requests} requests, {r.callbacks} callbacks, max"
