@@ -6,7 +6,8 @@ and that moment, a second request with the same new prefix looks like a miss and
 by load, often on another replica: the prefix is then computed twice and held twice, and the
 group stays split for every later turn. Measured on real vLLM and the simulator with 4 in
 flight over 4 replicas: two conversations of a group sent together went to two replicas, a
-loss of 0.013-0.015 of hit rate per round (benchmarks/results/2026-12-03-inflight-prefixes).
+loss of 0.013-0.015 of hit rate per round (benchmarks/results/2026-12-03-inflight-prefixes;
+the affinity_guard picker follows them only with its `inflight` parameter set).
 
 While a request runs its blocks cannot be evicted from its replica, so what this map says is
 true from the moment vLLM schedules it. Block hashes are chained (each depends on all before

@@ -91,11 +91,16 @@ def allowance(
 
 
 def held(
-    request: RequestFeatures, holder: ReplicaSnapshot, full_share: float | None, least_w: float
+    request: RequestFeatures,
+    holder: ReplicaSnapshot,
+    full_share: float | None,
+    least_w: float | None,
 ) -> int:
     """Leading blocks of the request `holder` has: cached there, or in flight there when that
-    match earns an allowance of at least `least_w` (a short prefix is cheaper to copy)."""
+    match earns an allowance of at least `least_w` (None: in-flight prefixes are not held)."""
     cached = request.prefix_match.get(holder.name, 0)
+    if least_w is None:
+        return cached
     running = request.inflight_match.get(holder.name, 0)
     if running > cached and allowance(request, holder, running, full_share) >= least_w:
         return running

@@ -41,7 +41,7 @@ class Params:
     min_match_blocks: int = param(1, "matched prefix blocks that make a replica a holder")
     prefix_holders: bool = param(True, "follow prefix holders (tier 2, step 2)")
     full_allowance_share: float | None = param(None, "KV share a match fills for the whole guard")
-    inflight: float = param(0.5, "least w that makes a prefix in flight a holder")
+    inflight: float | None = param(None, "least w making a prefix in flight a holder (None: off)")
     share_window: int = param(0, "recent picks each replica's share is counted over (0: off)")
     share_ratio: float = param(2.0, "share allowed relative to the mean recent share")
     share_slack: float = param(8.0, "picks allowed above share_ratio x mean recent share")

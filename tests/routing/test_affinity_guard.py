@@ -365,7 +365,7 @@ def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) ->
         PLUGINS["affinity_guard"].build(raw)
 
 
-def _inflight_pick(blocks: int, indexed: int = 0) -> str:
+def _inflight_pick(blocks: int, indexed: int = 0, inflight: float | None = 0.5) -> str:
     """Who takes a prompt whose first `blocks` blocks a request in flight on "a" carries.
 
     `indexed`: how many of them the index already holds on "a". Loads a=1, others idle; a
@@ -376,7 +376,7 @@ def _inflight_pick(blocks: int, indexed: int = 0) -> str:
         for n, x in zip(NAMES, [1, 0, 0, 0], strict=True)
     ]
     params = {"guard_ratio": 2.0, "guard_slack": 8.0, "full_allowance_share": 0.25, "seed": 0}
-    picker = PLUGINS["affinity_guard"].build(params)
+    picker = PLUGINS["affinity_guard"].build({**params, "inflight": inflight})
     request = RequestFeatures(
         model=MODEL,
         prefix_match={"a": indexed} if indexed else {},
@@ -387,10 +387,18 @@ def _inflight_pick(blocks: int, indexed: int = 0) -> str:
 
 
 def test_a_long_prefix_in_flight_draws_the_next_request_and_a_short_one_does_not() -> None:
-    # 16 blocks fill the share (w = 1), 8 half of it: the default inflight_allowance.
+    # 16 blocks fill the share (w = 1), 8 half of it: inflight = 0.5.
     assert _inflight_pick(16) == "a"
     assert _inflight_pick(8) == "a"
     # 4 blocks (w = 1/4): cheap to copy, so the request goes by load, as a miss would.
     assert _inflight_pick(4) != "a"
     # A short prefix the index holds there is a holder as before (its allowance: 2.5).
     assert _inflight_pick(5, indexed=4) == "a"
+
+
+def test_prefixes_in_flight_are_not_followed_by_default() -> None:
+    # Off by default: with one common long system prompt, following it while it computes made
+    # its first replica the only holder, and at low concurrency it then took every new user
+    # (benchmarks/results/2026-12-03-inflight-prefixes/analysis.md).
+    assert _inflight_pick(16, inflight=None) != "a"
+    assert PLUGINS["affinity_guard"].build({})._p.inflight is None  # type: ignore[attr-defined]

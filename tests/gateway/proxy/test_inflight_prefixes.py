@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import orjson
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, RoutingConfig
 from gateway.proxy.requests import ParsedRequest, parse_request
+from routing import BUILTIN_PROFILES
 from tests.gateway.fake_upstream import (
     Answer,
     FakeUpstream,
@@ -64,7 +66,12 @@ async def test_a_retried_request_is_followed_to_the_replica_it_moved_to() -> Non
 
 
 def _config() -> GatewayConfig:
-    return GatewayConfig(replicas=replica_configs(4, MODEL))
+    """The default profile with prefixes in flight followed (off by default)."""
+    default = BUILTIN_PROFILES["default"]
+    picker = replace(default.picker, params={**default.picker.params, "inflight": 0.5})
+    profile = replace(default, picker=picker, name="following")
+    routing = RoutingConfig(profile="following", profiles={"following": profile})
+    return GatewayConfig(routing=routing, replicas=replica_configs(4, MODEL))
 
 
 def _now() -> float:
