@@ -2,9 +2,11 @@
 /v1/audio/transcriptions and /v1/audio/translations, multipart forms, JSON or SSE answers.
 
 The audio is never decoded: its duration is read from a PCM WAV header (any other file is
-"Invalid or unsupported audio file.", as vLLM answers audio it cannot decode); the encoder's
-input (50 positions a second, Whisper's 1500 per 30 s window) is prefilled and about three
-tokens a second of speech decoded through the simulated engine, so timing follows the size.
+refused as vLLM refuses bytes no decoder opens, a WAV without fmt or data as it refuses a
+WAV it cannot read). The prompt is what vLLM counts in usage, Whisper's 4 task tokens plus
+one per 10 ms log-mel frame (hop 160 at 16 kHz); it is prefilled through the simulated
+engine and about three tokens a second of speech are decoded, so timing follows the size.
+Checked against vLLM 0.32 serving a tiny Whisper (tests/vllm/test_audio_vllm.py).
 """
 
 from __future__ import annotations
@@ -52,15 +54,35 @@ _FORMATS = {
     "transcription": ("json", "text", "srt", "verbose_json", "vtt", "diarized_json"),
     "translation": ("json", "text", "srt", "verbose_json", "vtt"),
 }
-_ENCODER_POSITIONS_PER_S = 50
+_FRAMES_PER_S = 100
 _DECODER_PROMPT = 4
 _TOKENS_PER_S = 3.0
+_UNDECODABLE = (
+    "Invalid or corrupted audio data. Ensure the input is a valid audio or video file "
+    "(e.g. a complete WAV, MP3, or MP4)."
+)
+_UNREADABLE_WAV = "Invalid or unsupported audio file."
+# Whisper's language tokens, in its order (the tiny Whisper of benchmarks/vllm_cpu has them).
+_WHISPER_CODES = (
+    "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no "
+    "th ur hr bg lt la mi ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw "
+    "gl mr pa si km sn yo so af oc ka be tg sd gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl "
+    "mg as tt haw ln ha ba jw su yue"
+)
+WHISPER_LANGUAGES = tuple(_WHISPER_CODES.split())
+# vLLM's ISO639_1_SUPPORTED_LANGS for Whisper, in its order (its refusal lists them); the
+# rest of WHISPER_LANGUAGES is accepted with a warning in its log.
+_SUPPORTED_CODES = (
+    "af ar hy az be bs bg ca zh hr cs da nl en et fi fr gl de el he hi hu is id it ja kn kk ko "
+    "lv lt mk ms mr mi ne no fa pl pt ro ru sr sk sl es sw sv tl ta th tr uk ur vi cy"
+)
+SUPPORTED_LANGUAGES = tuple(_SUPPORTED_CODES.split())
 
 
 def wav_duration(data: bytes) -> float:
     """Seconds of audio in a RIFF/WAVE file; ValueError for anything else."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise ValueError("Invalid or unsupported audio file.")
+        raise ValueError(_UNDECODABLE)
     at, byte_rate, size = 12, 0, None
     while at + 8 <= len(data):
         chunk, length = data[at : at + 4], struct.unpack_from("<I", data, at + 4)[0]
@@ -71,7 +93,8 @@ def wav_duration(data: bytes) -> float:
             break
         at += 8 + length + (length & 1)
     if byte_rate <= 0 or size is None:
-        raise ValueError("Invalid or unsupported audio file.")
+        # A WAV file by its header that no decoder reads: soundfile's refusal, then PyAV's.
+        raise ValueError(_UNREADABLE_WAV)
     return float(size) / float(byte_rate)
 
 
@@ -82,8 +105,8 @@ def _form_error(task: str, sent: set[str], extra: list[dict[str, Any]]) -> P.Api
     return P.validation_errors([missing, *extra])
 
 
-def _check(task: str, form: dict[str, Any], has_file: bool) -> tuple[str, bool, bool]:
-    """(response_format, stream, include_usage) after vLLM's form validation."""
+def _check(task: str, form: dict[str, Any], has_file: bool) -> tuple[str, dict[str, bool]]:
+    """(response_format, the stream flags) after vLLM's form validation."""
     if isinstance(form.get("file"), str):
         raise P.ApiError(422, "Expected 'file' to be a file-like object, not 'str'.",
                          "Unprocessable Entity")  # fmt: skip
@@ -101,7 +124,7 @@ def _check(task: str, form: dict[str, Any], has_file: bool) -> tuple[str, bool, 
                                         "Input should be 'diarized_json'", fmt,
                                         expected="'diarized_json'"))  # fmt: skip
     flags: dict[str, bool] = {}
-    for key in ("stream", "stream_include_usage"):
+    for key in ("stream", "stream_include_usage", "stream_continuous_usage_stats"):
         try:
             flags[key] = P.lax_bool(form, key, False)
         except P.ApiError:
@@ -114,7 +137,7 @@ def _check(task: str, form: dict[str, Any], has_file: bool) -> tuple[str, bool, 
     if flags["stream_include_usage"] and not flags["stream"]:
         msg = "Stream options can only be defined when `stream=True`."
         raise P.bad_request(msg, "stream_include_usage")
-    return str(fmt), flags["stream"], flags["stream_include_usage"]
+    return str(fmt), flags
 
 
 def _refusal(rep: Replica, model: str, fmt: str, stream: bool) -> str | None:
@@ -146,7 +169,8 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
         elif isinstance(value, str) and key not in form:
             form[key] = value
     try:
-        fmt, stream, include_usage = _check(task, form, audio is not None)
+        fmt, flags = _check(task, form, audio is not None)
+        stream = flags["stream"]
         assert audio is not None
         model = form.get("model") or rep.served[0]
         if model not in rep.served:
@@ -155,6 +179,7 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
         refusal = _refusal(rep, model, fmt, stream)
         if refusal is not None:
             raise P.bad_request(refusal)
+        language = _language(form)
         duration = wav_duration(audio)
     except P.ApiError as exc:
         return api_error_response(exc)
@@ -162,7 +187,7 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
         return error_response(400, str(exc))
     digest = hashlib.blake2b(audio, digest_size=8).digest()
     seed = int.from_bytes(digest, "little")
-    length = _DECODER_PROMPT + max(1, round(duration * _ENCODER_POSITIONS_PER_S))
+    length = _DECODER_PROMPT + math.ceil(duration * _FRAMES_PER_S)
     ids = [(seed >> (i % 48)) % 2000 + i % 7 for i in range(length)]
     cap = form.get("max_completion_tokens")
     wanted = max(1, math.ceil(duration * _TOKENS_PER_S))
@@ -179,7 +204,9 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
     rep.inflight += 1
     try:
         if stream:
-            return await _stream(request, rep, choice, task, model, include_usage)
+            usage = flags["stream_include_usage"]
+            every = usage and flags["stream_continuous_usage_stats"]
+            return await _stream(request, rep, choice, task, model, (usage, every))
         text = await G.complete(rep, choice)
     except G.EngineFailure as failure:
         return G.failure_answer(request, failure)
@@ -187,11 +214,26 @@ async def _serve(request: web.Request, task: str) -> web.StreamResponse:
         rep.inflight -= 1
         if not req.done:
             rep.engine.finish(req, "abort")
-    return json_response(_answer(task, fmt, text, duration, form, choice))
+    return json_response(_answer(task, fmt, text, duration, language, form, choice))
+
+
+def _language(form: dict[str, Any]) -> str | None:
+    """validate_language of vLLM's Whisper: its languages, Whisper's others, or a 400."""
+    language = form.get("language")
+    if language is None or language in WHISPER_LANGUAGES:
+        return language
+    listed = ", ".join(f"'{code}'" for code in SUPPORTED_LANGUAGES)
+    raise ValueError(f"Unsupported language: {language!r}.  Must be one of [{listed}].")
 
 
 def _answer(
-    task: str, fmt: str, text: str, duration: float, form: dict[str, Any], c: G.Choice
+    task: str,
+    fmt: str,
+    text: str,
+    duration: float,
+    language: str | None,
+    form: dict[str, Any],
+    c: G.Choice,
 ) -> dict[str, Any]:
     if fmt == "verbose_json":
         temperature = float(form.get("temperature") or 0.0)
@@ -199,7 +241,8 @@ def _answer(
                    "no_speech_prob": None, "seek": 0, "start": 0.0,
                    "temperature": temperature, "text": text,
                    "tokens": list(range(c.offset, c.offset + c.sent))}  # fmt: skip
-        return {"duration": duration, "language": form.get("language") or "en",
+        # Without a language vLLM detects one; the simulated model always hears English.
+        return {"duration": duration, "language": language or "en",
                 "text": text, "segments": [segment], "words": None}  # fmt: skip
     if task == "translation":
         return {"text": text}  # vLLM reports no usage for translations
@@ -212,8 +255,9 @@ async def _stream(
     c: G.Choice,
     task: str,
     model: str,
-    include_usage: bool,
+    usage: tuple[bool, bool],
 ) -> web.StreamResponse:
+    """vLLM's chunks; usage: (a final usage chunk, usage on every chunk too)."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
     await resp.prepare(request)
     top = {"id": c.req.request_id, "object": f"{task}.chunk", "created": int(time.time()),
@@ -232,15 +276,21 @@ async def _stream(
         choice: dict[str, Any] = {"delta": {"content": piece}}
         if c.finish is not None:
             choice.update(finish_reason=c.finish, stop_reason=c.stop_reason)
-        await resp.write(b"data: " + orjson.dumps({**top, "choices": [choice]}) + b"\n\n")
-    if include_usage:
-        prompt = len(c.req.prompt_ids)
-        usage = {"prompt_tokens": prompt, "total_tokens": prompt + c.sent,
-                 "completion_tokens": c.sent}  # fmt: skip
-        await resp.write(b"data: " + orjson.dumps({**top, "choices": [], "usage": usage}) + b"\n\n")
+        chunk: dict[str, Any] = {**top, "choices": [choice]}
+        if usage[1]:
+            chunk["usage"] = _usage(c)
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    if usage[0]:
+        last = {**top, "choices": [], "usage": _usage(c)}
+        await resp.write(b"data: " + orjson.dumps(last) + b"\n\n")
     await resp.write(DONE_EVENT)
     await resp.write_eof()
     return resp
+
+
+def _usage(c: G.Choice) -> dict[str, int]:
+    prompt = len(c.req.prompt_ids)
+    return {"prompt_tokens": prompt, "total_tokens": prompt + c.sent, "completion_tokens": c.sent}
 
 
 async def transcriptions(request: web.Request) -> web.StreamResponse:

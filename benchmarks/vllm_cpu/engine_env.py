@@ -18,6 +18,12 @@ CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
 # Importing the server module is the check: it loads torch, the CPU ops and the OpenAI layer.
 IMPORT_CHECK = "import vllm, vllm.entrypoints.openai.api_server; print(vllm.__version__)"
 _MARKER = "READY"
+# vllm[audio] of 0.32 (importlib.metadata.requires("vllm")): the speech-to-text routes decode
+# uploads with torchcodec, else soundfile, else PyAV, and have no decoder without them. The
+# first (and torchaudio) are CONFLICTING; uploads at 8 or 44.1 kHz still transcribe.
+AUDIO_EXTRAS = ("av", "scipy", "soundfile", "soxr", "mistral_common[audio]")
+AUDIO_CHECK = "import av, scipy.signal, soundfile, soxr; print(soundfile.__version__)"
+_AUDIO_MARKER = "AUDIO_READY"
 
 
 class VllmCpuError(RuntimeError):
@@ -54,6 +60,10 @@ class EngineEnv:
     def log(self) -> Path:
         return self.root / "install.log"
 
+    @property
+    def audio_marker(self) -> Path:
+        return self.venv / _AUDIO_MARKER
+
     def ready(self) -> bool:
         """True once an install has passed the import check (the marker is written last)."""
         return self.marker.is_file() and self.python.exists()
@@ -87,3 +97,17 @@ def ensure_engine(env: EngineEnv | None = None, say: Callable[[str], None] = pri
     env.marker.write_text(f"{VLLM_PACKAGE}\n")
     say(f"engine: installed in {time.monotonic() - started:.0f}s")
     return env
+
+
+def ensure_audio(env: EngineEnv, say: Callable[[str], None] = print) -> None:
+    """Add vllm[audio]'s packages to a ready engine venv unless present; idempotent."""
+    if env.audio_marker.is_file():
+        say("engine audio extras: ready")
+        return
+    started = time.monotonic()
+    say(f"engine audio extras: installing {', '.join(AUDIO_EXTRAS)} (log {env.log})")
+    pip = [str(env.python), "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", *AUDIO_EXTRAS], env.log, "pip install audio extras")
+    _run([str(env.python), "-c", AUDIO_CHECK], env.log, "audio import check")
+    env.audio_marker.write_text(" ".join(AUDIO_EXTRAS) + "\n")
+    say(f"engine audio extras: installed in {time.monotonic() - started:.0f}s")

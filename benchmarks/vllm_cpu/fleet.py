@@ -22,6 +22,7 @@ import httpx
 from benchmarks.vllm_cpu.engine_env import EngineEnv, VllmCpuError, cache_root
 from benchmarks.vllm_cpu.lora import LORA_NAME, LORA_RANK
 from benchmarks.vllm_cpu.model import MODEL_NAME, lora_dir, model_dir
+from benchmarks.vllm_cpu.whisper_model import WHISPER_MAX_LEN, WHISPER_NAME, whisper_dir
 
 # Without one OpenMP thread per replica, two replicas on two cores fight over threads and
 # run 15-30x slower; nobind keeps vLLM from pinning every replica to the same cores.
@@ -41,9 +42,13 @@ ENGINE_ENV = {
 _LOG_TAIL_LINES = 40
 
 # vLLM's --runner: "pooling" serves the tiny model as an embedding model (--convert embed),
-# under its own served name so that a gateway in front of both kinds tells them apart.
-Runner = Literal["generate", "pooling"]
+# under its own served name so that a gateway in front of both kinds tells them apart;
+# "transcription" serves the tiny Whisper (vLLM picks its transcription task from the model).
+Runner = Literal["generate", "pooling", "transcription"]
 POOLING_SUFFIX = "-embed"
+# Whisper's encoder output (1500 positions) takes KV blocks beside the decoder's 448 tokens:
+# 64 blocks of 32 leave vLLM refusing to start ("estimated maximum model length is 224").
+WHISPER_MIN_BLOCKS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,9 @@ class VllmFleet:
     kv_events: publish KV-cache events over ZMQ. lora: serve the tiny LoRA adapter too.
     startup_timeout_s: deadline for every replica to answer /health.
     runner: "generate", or "pooling" (the tiny model converted to an embedding model, served
-    as MODEL_NAME + "-embed", started without KV events or LoRA: nothing here uses them).
+    as MODEL_NAME + "-embed", started without KV events or LoRA: nothing here uses them), or
+    "transcription" (the tiny Whisper as WHISPER_NAME, likewise; max_model_len <= 448 and
+    num_gpu_blocks >= WHISPER_MIN_BLOCKS).
     """
 
     def __init__(
@@ -144,8 +151,15 @@ class VllmFleet:
             raise VllmCpuError("the CPU backend needs a block size that is a multiple of 32")
         if num_gpu_blocks * block_size < max_model_len:
             raise VllmCpuError("num_gpu_blocks * block_size must hold max_model_len tokens")
-        if runner == "pooling" and (kv_events or lora):
-            raise VllmCpuError("a pooling replica is started with neither kv_events nor lora")
+        if runner != "generate" and (kv_events or lora):
+            raise VllmCpuError(f"a {runner} replica is started with neither kv_events nor lora")
+        if runner == "transcription" and (
+            max_model_len > WHISPER_MAX_LEN or num_gpu_blocks < WHISPER_MIN_BLOCKS
+        ):
+            raise VllmCpuError(
+                f"a transcription replica needs max_model_len <= {WHISPER_MAX_LEN} and "
+                f"num_gpu_blocks >= {WHISPER_MIN_BLOCKS}"
+            )
         self.runner: Runner = runner
         self.n = n
         self.base_port = base_port
@@ -158,8 +172,12 @@ class VllmFleet:
         self.startup_timeout_s = startup_timeout_s
         self.root = root or cache_root()
         self.engine = EngineEnv(self.root)
-        self.model = MODEL_NAME if runner == "generate" else MODEL_NAME + POOLING_SUFFIX
-        self.model_dir = model_dir(self.root)
+        self.model = {"generate": MODEL_NAME, "pooling": MODEL_NAME + POOLING_SUFFIX}.get(
+            runner, WHISPER_NAME
+        )
+        self.model_dir = (
+            whisper_dir(self.root) if runner == "transcription" else model_dir(self.root)
+        )
         self.lora_name = LORA_NAME if lora else None
         self._log_dir = log_dir
         self._extra = extra_args
@@ -204,7 +222,7 @@ class VllmFleet:
         ]  # fmt: skip
         if self.runner == "pooling":
             cmd += ["--runner", "pooling", "--convert", "embed"]
-        else:
+        elif self.runner == "generate":
             cmd.append("--enable-prefix-caching")
         if kv_port is not None:
             cfg = {
@@ -233,6 +251,11 @@ class VllmFleet:
         if not (self.model_dir / "READY").is_file():
             raise VllmCpuError(
                 f"the tiny model is missing ({self.model_dir}): "
+                "run `python -m benchmarks.vllm_cpu prepare` first"
+            )
+        if self.runner == "transcription" and not self.engine.audio_marker.is_file():
+            raise VllmCpuError(
+                f"the engine's audio extras are missing ({self.engine.venv}): "
                 "run `python -m benchmarks.vllm_cpu prepare` first"
             )
 

@@ -10,6 +10,10 @@ simulator with runner="pooling", or the real server at ``LLMGW_VLLM_POOLING_URL`
 ``LLMGW_VLLM_POOLING_MODEL``). A run against a real generative server alone
 (``LLMGW_VLLM_URL`` without ``LLMGW_VLLM_POOLING_URL``) deselects the tests that need one:
 tests/vllm/test_pooling_vllm.py runs them against its own real pooling replica.
+``audio_target``: a transcription replica (a Whisper model): the simulator with
+runner="transcription", or the real server at ``LLMGW_VLLM_AUDIO_URL`` (model
+``LLMGW_VLLM_AUDIO_MODEL``); deselected the same way without one
+(tests/vllm/test_audio_vllm.py runs them against its own tiny Whisper).
 ``sim_target``: always the simulator; the fault tests use only this one.
 """
 
@@ -28,6 +32,7 @@ from tests.conformance.helpers import Prompts, Target, scrape
 
 SIM_LORA = "sim-lora"
 SIM_EMBED = "sim-embed"
+SIM_WHISPER = "sim-whisper"
 SIM_BLOCK_SIZE = 16
 SIM_NUM_GPU_BLOCKS = 64
 SIM_MAX_MODEL_LEN = 512
@@ -109,15 +114,23 @@ async def target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
         yield tgt
 
 
-def _no_pooling_replica() -> bool:
-    return bool(os.environ.get("LLMGW_VLLM_URL")) and not os.environ.get("LLMGW_VLLM_POOLING_URL")
+# The fixture of each other kind of replica, and the variable naming its real server.
+_OTHER_REPLICAS = {
+    "pooling_target": "LLMGW_VLLM_POOLING_URL",
+    "audio_target": "LLMGW_VLLM_AUDIO_URL",
+}
+
+
+def _without_its_replica(item: pytest.Item) -> bool:
+    names = getattr(item, "fixturenames", ())
+    return any(f in names and not os.environ.get(v) for f, v in _OTHER_REPLICAS.items())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Deselected, not skipped: this run's real server is generative; another run covers these.
-    if not _no_pooling_replica():
+    if not os.environ.get("LLMGW_VLLM_URL"):
         return
-    gone = [i for i in items if "pooling_target" in getattr(i, "fixturenames", ())]
+    gone = [i for i in items if _without_its_replica(i)]
     if gone:
         config.hook.pytest_deselected(items=gone)
         items[:] = [i for i in items if i not in gone]
@@ -140,6 +153,28 @@ async def pooling_target(request: pytest.FixtureRequest) -> AsyncIterator[Target
 @pytest.fixture
 async def pooling_client(pooling_target: Target) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=pooling_target.base_url, timeout=30.0) as c:
+        yield c
+
+
+def _audio_kinds() -> list[str]:
+    return ["vllm"] if os.environ.get("LLMGW_VLLM_AUDIO_URL") else ["sim"]
+
+
+@pytest.fixture(params=_audio_kinds())
+async def audio_target(request: pytest.FixtureRequest) -> AsyncIterator[Target]:
+    if request.param == "vllm":
+        yield await vllm_target(os.environ["LLMGW_VLLM_AUDIO_URL"], "LLMGW_VLLM_AUDIO_MODEL")
+        return
+    config = sim_config(
+        model=SIM_WHISPER, runner="transcription", lora_adapters=(), kv_events=False
+    )
+    async with running_sim(config) as (tgt, _):
+        yield tgt
+
+
+@pytest.fixture
+async def audio_client(audio_target: Target) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=audio_target.base_url, timeout=30.0) as c:
         yield c
 
 

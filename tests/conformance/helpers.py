@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -266,3 +268,16 @@ def chain_for(events: list[KvEvent], ids: list[int], block_size: int) -> list[Bl
             chain.append(event)
             got.extend(event.token_ids)
     return chain if len(got) == len(want) else []
+
+
+def wav(seconds: float, rate: int = 16000, channels: int = 1, data: bytes | None = None) -> bytes:
+    """A 16-bit PCM WAV file: `seconds` of a 440 Hz tone, or `data` as its samples."""
+    if data is None:
+        tone = (
+            round(8000 * math.sin(2 * math.pi * 440 * i / rate))
+            for i in range(round(seconds * rate))
+        )
+        data = b"".join(struct.pack("<h", v) * channels for v in tone)
+    fmt = struct.pack("<HHIIHH", 1, channels, rate, 2 * channels * rate, 2 * channels, 16)
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data))
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks) + len(data)) + b"WAVE" + chunks + data

@@ -83,7 +83,7 @@ async def test_translation_and_vllms_errors(client: openai.AsyncOpenAI) -> None:
             model=WHISPER, file=("s.wav", wav(1.0), "audio/wav")
         )
     assert result.text and "usage" not in result.model_dump(exclude_none=True)
-    with pytest.raises(openai.BadRequestError, match="Invalid or unsupported audio file"):
+    with pytest.raises(openai.BadRequestError, match="Invalid or corrupted audio data"):
         await client.audio.transcriptions.create(
             model=WHISPER, file=("s.mp3", b"ID3 not a wav", "audio/mpeg")
         )
