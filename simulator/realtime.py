@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import WSMsgType, web
 
+from simulator.generation import reset
 from simulator.http_util import REPLICA, replica_of
 
 if TYPE_CHECKING:
@@ -176,6 +177,8 @@ def _is_upgrade(request: web.Request) -> bool:
 async def realtime(request: web.Request) -> web.StreamResponse:
     if request.method != "GET" or not _is_upgrade(request):
         raise web.HTTPNotFound()  # no HTTP route at this path (FastAPI's 404 body)
+    if replica_of(request).faults.reset_before_first_byte:
+        return reset(request)  # the upgrade's connection cut before any answer
     ws = web.WebSocketResponse(max_msg_size=_MAX_MESSAGE, compress=False)
     await ws.prepare(request)
     rep = replica_of(request)

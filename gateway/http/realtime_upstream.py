@@ -90,7 +90,13 @@ async def open_upstream(
         headers["authorization"] = f"Bearer {cfg.api_key}"
     tried: list[str] = []
     last: GatewayError | None = None
+    unsent = False
     for attempt in range(1 + cfg.max_retries):
+        # The retry budget, as for HTTP (a refused connection put no load on a replica: exempt).
+        if attempt and not unsent and not pipeline.retry_allowed():
+            assert last is not None
+            metrics.retry_refused()
+            raise last
         try:
             # No prompt, so no cache features: the profile places the session by load.
             if attempt == 0:
@@ -115,6 +121,8 @@ async def open_upstream(
                 name, decision.replica.url, attempt + 1, decision.branch, decision.total
             )
             sent = {**headers, **carrier}  # the replica joins the session's trace
+        retry = attempt > 0 and not unsent
+        pipeline.retrying(retry)
         try:
             async with asyncio.timeout(cfg.response_head_timeout_s):
                 ws = await runtime.session.ws_connect(
@@ -145,12 +153,15 @@ async def open_upstream(
             metrics.retry(name, why)
             tried.append(name)
             last = UpstreamFailed("The model server could not be reached.")
+            unsent = isinstance(exc, aiohttp.ClientConnectorError)
             continue
         except BaseException:
             if span is not None:
                 end_attempt(span, "cancelled")
             pipeline.release(lease, None)
             raise
+        finally:
+            pipeline.retrying(-retry)
         if span is not None:
             end_attempt(span, "ok")
         return Upstream(ws, lease), decision

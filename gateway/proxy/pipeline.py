@@ -265,6 +265,14 @@ class Pipeline:
         """Release a lease taken outside `open`, waking the admission queue."""
         self._release(lease, ok, detail)
 
+    def retry_allowed(self) -> bool:
+        """Whether the retry budget lets one more retry start (counted by `retrying`)."""
+        return self._retry_allowed()
+
+    def retrying(self, delta: int) -> None:
+        """A retry outside `open` started (+1) or ended (-1): the budget counts it."""
+        self._retrying += delta
+
     def _retry_allowed(self) -> bool:
         """Envoy's retry budget: retries in flight stay within a share of active requests."""
         cfg = self._cfg
