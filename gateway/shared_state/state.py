@@ -25,13 +25,12 @@ from redis.retry import Retry
 from gateway.proxy.affinity import Affinity
 from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
-from gateway.shared_state import bootstrap
+from gateway.shared_state import bootstrap, writes
 from gateway.shared_state.config import SharedStateConfig
 from gateway.shared_state.link import Lateness, SharedStats, default_process_id
-from gateway.shared_state.mirror import Mirror, Outcome, decode_message, encode, outcome_of, split
+from gateway.shared_state.mirror import Mirror, decode_message
 from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, SHAS, Keys
-from gateway.shared_state.writes import queue_outcomes
 from routing.types import RequestFeatures
 
 log = logging.getLogger("llm_gateway.shared_state")
@@ -41,12 +40,6 @@ log = logging.getLogger("llm_gateway.shared_state")
 FAILURES = (RedisError, OSError, TimeoutError)
 # Late, not refused: within late_grace_s these leave the link up.
 TIMEOUTS = (TimeoutError, RedisTimeoutError)
-# Outcomes and block hashes per pub/sub message: a burst becomes a few messages, each well
-# under Redis's pub/sub output-buffer limits (8 MB soft) for a subscriber that lags.
-_PER_MESSAGE = 256
-_BLOCKS_PER_MESSAGE = 16_384
-# One quota settle waiting to be sent: (tenant, tokens_per_minute, reserved, used or None).
-Settle = tuple[str, int, int, int | None]
 
 
 def _reraise_cancel() -> None:
@@ -81,7 +74,7 @@ class SharedState:
             self.scrapes = ScrapeLeases(cfg, self.keys, self.process_id, pool, self._wake)
         self.up = False
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
-        self._settles: deque[Settle] = deque(maxlen=cfg.max_pending)
+        self._settles: deque[writes.Settle] = deque(maxlen=cfg.max_pending)
         self._ejections: deque[Ejection] = deque(maxlen=cfg.max_pending)
         self._has_pending = asyncio.Event()
         self._up = asyncio.Event()
@@ -126,7 +119,7 @@ class SharedState:
             self._ejections.append(ejection)
             self._has_pending.set()
 
-    def queue_settle(self, settle: Settle) -> None:
+    def queue_settle(self, settle: writes.Settle) -> None:
         """A quota settle for the next flush (dropped while Redis is down: leases heal it)."""
         if self.up:
             self._settles.append(settle)
@@ -287,45 +280,20 @@ class SharedState:
                 self.failed("flush", exc)
             _reraise_cancel()
 
-    def _drain(self) -> list[Outcome]:
-        pending, cap = self._pending, self.cfg.max_event_blocks
-        out: list[Outcome] = []
-        while pending:
-            at, f, replica = pending.popleft()
-            out.append(
-                outcome_of(int(at * 1e6), replica, f.prompt_hash, f.session, f.block_hashes, cap)
-            )
-        return out
-
     async def _flush(self) -> None:
-        outcomes = self._drain()
+        outcomes = writes.drain_outcomes(self._pending, self.cfg.max_event_blocks)
         settles, ejections = list(self._settles), list(self._ejections)
         self._settles.clear()
         self._ejections.clear()
         scrapes = self.scrapes.drain() if self.scrapes is not None else []
         if not outcomes and not settles and not ejections and not scrapes:
             return
-        keys = self.keys
+        keys, pid = self.keys, self.process_id
         pipe = self.redis.pipeline(transaction=False)
-        messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
-            ejections or scrapes
-        )
-        for n, part in enumerate(messages):
-            first_ones = (ejections, scrapes) if n == 0 else ((), ())
-            pipe.publish(keys.channel, encode(self.process_id, part, *first_ones))
-        merges = queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
-        for tenant, tpm, reserved, used in settles:
-            pipe.evalsha(
-                SHAS["settle"],
-                2,
-                *keys.quota(tenant),
-                self.process_id,
-                tpm,
-                reserved,
-                "" if used is None else used,
-            )
+        first = writes.queue_messages(pipe, keys, pid, outcomes, ejections, scrapes)
+        merges = writes.queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
+        writes.queue_settles(pipe, keys, pid, settles)
         results = await pipe.execute()
-        first = len(messages)
         for applied_rejected in results[first : first + merges]:
             self.stats.rejected_stale += int(applied_rejected[1])
         self.stats.published += len(outcomes)

@@ -1,17 +1,73 @@
-"""A flush's writes of routing outcomes: what a process that starts later bootstraps from."""
+"""A flush's writes: the pub/sub messages, the routing outcomes a process that starts later
+bootstraps from, and the quota settles."""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio.client import Pipeline
 
 from gateway.config import CacheIndexConfig
+from gateway.replicas.outlier import Ejection
 from gateway.shared_state.config import SharedStateConfig
-from gateway.shared_state.mirror import Outcome
+from gateway.shared_state.mirror import Outcome, encode, outcome_of, split
 from gateway.shared_state.scripts import SHAS, Keys
+from routing.types import RequestFeatures
+
+# Outcomes and block hashes per pub/sub message: a burst becomes a few messages, each well
+# under Redis's pub/sub output-buffer limits (8 MB soft) for a subscriber that lags.
+_PER_MESSAGE = 256
+_BLOCKS_PER_MESSAGE = 16_384
+# One quota settle waiting to be sent: (tenant, tokens_per_minute, reserved, used or None).
+Settle = tuple[str, int, int, int | None]
+
+
+def drain_outcomes(
+    pending: deque[tuple[float, RequestFeatures, str]], max_blocks: int
+) -> list[Outcome]:
+    """Every routing outcome waiting (monotonic time, features, replica), oldest first."""
+    out: list[Outcome] = []
+    while pending:
+        at, f, replica = pending.popleft()
+        hashes = f.block_hashes
+        out.append(outcome_of(int(at * 1e6), replica, f.prompt_hash, f.session, hashes, max_blocks))
+    return out
+
+
+def queue_messages(
+    pipe: Pipeline,
+    keys: Keys,
+    process_id: str,
+    outcomes: list[Outcome],
+    ejections: Sequence[Ejection],
+    scrapes: Sequence[Any],
+) -> int:
+    """The flush's pub/sub messages (ejections and scrape results ride in the first);
+    returns how many were queued."""
+    messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
+        ejections or scrapes
+    )
+    for n, part in enumerate(messages):
+        first_ones = (ejections, scrapes) if n == 0 else ((), ())
+        pipe.publish(keys.channel, encode(process_id, part, *first_ones))
+    return len(messages)
+
+
+def queue_settles(pipe: Pipeline, keys: Keys, process_id: str, settles: Sequence[Settle]) -> None:
+    """Each settled quota reservation, against its tenant's counters."""
+    for tenant, tpm, reserved, used in settles:
+        pipe.evalsha(
+            SHAS["settle"],
+            2,
+            *keys.quota(tenant),
+            process_id,
+            tpm,
+            reserved,
+            "" if used is None else used,
+        )
 
 
 def queue_outcomes(

@@ -37,10 +37,10 @@ AUDIO = base64.b64encode(bytes(range(256)) * 62 + bytes(128)).decode()
 
 
 @dataclass
-class Rig:
+class GatewayView:
+    """What the realtime tests read off a running gateway."""
+
     gw: RunningGateway
-    rt: SimFleet
-    gen: SimFleet
 
     @property
     def url(self) -> str:
@@ -55,6 +55,12 @@ class Rig:
             (s.labels["model"], s.labels["outcome"]): s.value
             for s in rows.get("llm_gateway_realtime_sessions", [])
         }
+
+
+@dataclass
+class Rig(GatewayView):
+    rt: SimFleet
+    gen: SimFleet
 
 
 @asynccontextmanager

@@ -26,7 +26,7 @@ from gateway.config import (
     TelemetryConfig,
     UpstreamConfig,
 )
-from gateway.process import RunningGateway, running_gateway
+from gateway.process import running_gateway
 from gateway.proxy.quota import LocalQuotaStore
 from gateway.proxy.tenancy_config import TenancyConfig, TenantConfig
 from gateway.versions_config import ModelVersionsConfig, TrafficConfig
@@ -40,6 +40,7 @@ from tests.gateway.http.test_realtime import (
     KEY,
     RT,
     RT_MODEL,
+    GatewayView,
     close_code,
     recv,
     refused,
@@ -54,23 +55,8 @@ PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 
 @dataclass
-class Rig:
-    gw: RunningGateway
+class Rig(GatewayView):
     fleets: list[SimFleet]
-
-    @property
-    def url(self) -> str:
-        return self.gw.url.replace("http://", "ws://") + "/v1/realtime"
-
-    def in_flight(self) -> dict[str, int]:
-        return {r.name: r.in_flight for r in self.gw.runtime.pool}
-
-    def outcomes(self) -> dict[tuple[str, str], float]:
-        rows = self.gw.runtime.metrics.samples(["llm_gateway_realtime_sessions"])
-        return {
-            (s.labels["model"], s.labels["outcome"]): s.value
-            for s in rows.get("llm_gateway_realtime_sessions", [])
-        }
 
     def queued(self) -> int:
         assert self.gw.runtime.admission is not None
