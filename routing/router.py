@@ -60,6 +60,11 @@ class Router:
         """Name of the profile this router runs."""
         return self._name
 
+    @property
+    def reads_inflight(self) -> bool:
+        """Whether the picker reads RequestFeatures.inflight_match (else it need not be kept)."""
+        return getattr(self._picker, "reads_inflight", False) is True
+
     def route(
         self,
         request: RequestFeatures,

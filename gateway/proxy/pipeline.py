@@ -172,7 +172,8 @@ class Pipeline:
                     ),
                 )
             lease = self._pool.acquire(name)
-            self._affinity.inflight.add(id(lease), name, features.block_hashes)
+            if self._router.reads_inflight:  # else nothing reads them: not kept
+                self._affinity.inflight.add(id(lease), name, features.block_hashes)
             replica = lease.replica
             retry = attempt > 0 and not unsent
             self._retrying += retry

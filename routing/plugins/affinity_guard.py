@@ -65,11 +65,12 @@ class Params:
 class AffinityGuard:
     """Affinity first, prefix holders next, load last; every pick names its branch."""
 
-    __slots__ = ("_p", "_rng", "_share")
+    __slots__ = ("_p", "_rng", "_share", "reads_inflight")
 
     def __init__(self, params: Params) -> None:
         self._p, self._rng = params, random.Random(params.seed)
         self._share = ShareWindow(params.share_window)
+        self.reads_inflight = params.inflight is not None
 
     def pick(
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Totals
@@ -92,8 +93,7 @@ class AffinityGuard:
             over.add(i)
         elif i >= 0 and loads[i] <= limit:
             return Pick(i, affinity_branch(request))
-        guarded = i >= 0
-        limits = [limit] * n
+        guarded, limits = i >= 0, [limit] * n
         if p.prefix_holders and (request.prefix_match or request.inflight_match):
             holders = [
                 (-m, loads[i], shares.count(i) if bound else 0, -totals[i], self._rng.random(), i)

@@ -76,3 +76,16 @@ def _config() -> GatewayConfig:
 
 def _now() -> float:
     return time.perf_counter()
+
+
+async def test_the_default_profile_keeps_no_prefixes_in_flight() -> None:
+    # Nothing reads them by default (affinity_guard's inflight is None): not kept, not paid for.
+    default = GatewayConfig(replicas=replica_configs(4, MODEL))
+    r = pipeline_rig(FakeUpstream(default=Answer(hang="headers")), default)
+    task = asyncio.create_task(r.pipeline.open(chat(0, "q"), [], _now()))
+    await hung(r)
+    assert sum(r.in_flight().values()) == 1 and len(r.pipeline._affinity.inflight) == 0
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    following = pipeline_rig(FakeUpstream(), _config())
+    assert following.pipeline._router.reads_inflight and not r.pipeline._router.reads_inflight
