@@ -38,7 +38,7 @@ _REPLICA_AT, _KIND_AT = _FIELDS.index("affinity_replica"), _FIELDS.index("affini
 class Router:
     """Routes requests with one profile; stateful plugins make it one instance per process."""
 
-    __slots__ = ("_filters", "_name", "_picker", "_scorers", "_tiers")
+    __slots__ = ("_filters", "_name", "_picker", "_scorers", "_tiers", "reads_inflight")
 
     def __init__(self, profile: ProfileSpec, plugins: Mapping[str, AnyFactory] = PLUGINS) -> None:
         filters, scorers, picker = resolve_profile(profile, plugins)
@@ -54,16 +54,13 @@ class Router:
             for f, s in zip(scorers, profile.scorers, strict=True)
         )
         self._picker: Picker = picker.build(profile.picker.params)
+        # Whether the picker reads RequestFeatures.inflight_match (else it need not be kept).
+        self.reads_inflight = getattr(self._picker, "reads_inflight", False) is True
 
     @property
     def profile_name(self) -> str:
         """Name of the profile this router runs."""
         return self._name
-
-    @property
-    def reads_inflight(self) -> bool:
-        """Whether the picker reads RequestFeatures.inflight_match (else it need not be kept)."""
-        return getattr(self._picker, "reads_inflight", False) is True
 
     def route(
         self,

@@ -90,7 +90,8 @@ class ParsedRequest:
     query: str = ""
 
 
-def _estimate_chat_chars(messages: list[Any]) -> int:
+def conversation_chars(messages: list[Any]) -> int:
+    """A conversation's text in characters: its prompt-token estimate is a quarter of it."""
     # Any shape goes: the replica validates messages, the gateway only estimates their size.
     total = 0
     for m in messages:
@@ -102,11 +103,6 @@ def _estimate_chat_chars(messages: list[Any]) -> int:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     total += len(part["text"])
     return total
-
-
-def conversation_chars(messages: list[Any]) -> int:
-    """A conversation's text in characters: its prompt-token estimate is a quarter of it."""
-    return _estimate_chat_chars(messages)
 
 
 def _token_ids(value: list[Any]) -> bool:
@@ -144,7 +140,7 @@ def _text_chars(value: Any) -> int:
     if isinstance(value, str):
         return len(value)
     if isinstance(value, list):
-        return _estimate_chat_chars(value)
+        return conversation_chars(value)
     return 0
 
 
@@ -222,7 +218,7 @@ def _chat_batch(
     for i, conversation in enumerate(messages):
         if not isinstance(conversation, list) or not conversation:
             raise BadRequest("Each conversation must be a non-empty array.", param=f"messages.{i}")
-        chars += _estimate_chat_chars(conversation)
+        chars += conversation_chars(conversation)
     max_tokens, priority = _budget(data)
     user = data.get("user")
     features = RequestFeatures(
@@ -269,7 +265,7 @@ def parse_request(
         messages = data.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("`messages` must be a non-empty array.", param="messages")
-        prompt_chars = _estimate_chat_chars(messages)
+        prompt_chars = conversation_chars(messages)
     else:
         prompt = data.get("prompt")
         if prompt is None or prompt == "" or prompt == []:

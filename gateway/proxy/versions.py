@@ -88,40 +88,37 @@ class Traffic:
 
     def choose(self, req: ParsedRequest, headers: list[tuple[bytes, bytes]]) -> ParsedRequest:
         """The request bound to a version of its model (unchanged when it has none)."""
-        versions = self._versions.get(req.model)
-        if versions is None or req.kind not in JSON_KINDS:
+        if req.kind not in JSON_KINDS:
             return req
-        features = req.features
-        session = session_key(
-            next((v.decode("latin-1") for k, v in headers if k == self._session_header), None),
-            req.data.get("user"),
-        )
-        version = choose_version(versions, session, self._rng, self._canary_weight(features))
-        self._count(req.model, version.name)
-        if version.labels:
-            features = replace(features, version_labels=version.labels)
-        if not version.served_model:
+        features = self._bind(req.model, headers, req.data.get("user"), req.features)
+        if features.model == req.model:
             return req if features is req.features else replace(req, features=features)
-        served = version.served_model
-        data = {**req.data, "model": served}
+        data = {**req.data, "model": features.model}
         return replace(
-            req,
-            body=orjson.dumps(data),
-            data=data,
-            model=served,
-            features=replace(features, model=served),
+            req, body=orjson.dumps(data), data=data, model=features.model, features=features
         )
 
     def choose_session(
         self, model: str, headers: list[tuple[bytes, bytes]], features: RequestFeatures
     ) -> RequestFeatures:
         """`choose` for a bodiless request (a realtime session): its features, version bound."""
+        return self._bind(model, headers, None, features)
+
+    def _bind(
+        self,
+        model: str,
+        headers: list[tuple[bytes, bytes]],
+        user: object,
+        features: RequestFeatures,
+    ) -> RequestFeatures:
+        """`features` of a request for `model`, bound to one of its versions (sticky on the
+        session header or the body's `user`): the version's labels and served name."""
         versions = self._versions.get(model)
         if versions is None:
             return features
         header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
-        weight = self._canary_weight(features)
-        version = choose_version(versions, session_key(header, None), self._rng, weight)
+        session = session_key(header, user)
+        version = choose_version(versions, session, self._rng, self._canary_weight(features))
         self._count(model, version.name)
         if version.labels:
             features = replace(features, version_labels=version.labels)

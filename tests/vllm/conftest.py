@@ -7,9 +7,12 @@ machine without the engine; it is refused under CI.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -133,3 +136,25 @@ async def reset_caches(fleet: VllmFleet, client: httpx.AsyncClient) -> None:
             return r.status_code == 200 and r.json().get("success") is not False
 
         await wait_until(reset, f"/reset_prefix_cache on {r.name}")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def run_conformance(
+    env: Mapping[str, str], known: Mapping[str, str], *args: str, what: str
+) -> str:
+    """pytest `args` (conformance tests) in a subprocess against the real replicas `env`
+    names (LLMGW_VLLM_*), the `known` differences deselected: its output, once it passed
+    with nothing failed or skipped."""
+    deselect = [a for t in known for a in ("--deselect", f"tests/conformance/{t}[vllm]")]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "-rs", *deselect,
+        cwd=ROOT, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT_S - 30)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"{what} failed:\n{text[-6000:]}"
+    assert " passed" in text and " failed" not in text and "skipped" not in text, text[-2000:]
+    return text

@@ -12,11 +12,9 @@ import asyncio
 import dataclasses
 import io
 import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -30,11 +28,10 @@ from gateway.config import ReplicaConfig
 from gateway.process import running_gateway
 from simulator.audio import SUPPORTED_LANGUAGES, WHISPER_LANGUAGES
 from tests.conformance.helpers import wav
-from tests.vllm.conftest import BLOCK_SIZE, TIMEOUT_S, gateway_config, wait_until
+from tests.vllm.conftest import BLOCK_SIZE, TIMEOUT_S, gateway_config, run_conformance, wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 
-ROOT = Path(__file__).resolve().parents[2]
 # vLLM behaviours the simulator's transcription runner deliberately does not copy (no test
 # asserts them): the text and the detected language (they come from the weights), how many
 # segments verbose_json finds, audio over 30 s split into windows, any format but PCM WAV.
@@ -105,25 +102,14 @@ async def test_conformance_audio_tests_pass_against_real_vllm(
     fleet: VllmFleet, whisper: VllmFleet
 ) -> None:
     env = {
-        **os.environ,
         "LLMGW_VLLM_URL": fleet.replicas[0].url,
         "LLMGW_VLLM_MODEL": fleet.model,
         "LLMGW_VLLM_BLOCK_SIZE": str(fleet.block_size),
         "LLMGW_VLLM_AUDIO_URL": whisper.replicas[0].url,
         "LLMGW_VLLM_AUDIO_MODEL": whisper.model,
     }
-    deselect = [
-        a for t in KNOWN_DIFFERENCES for a in ("--deselect", f"tests/conformance/{t}[vllm]")
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "tests/conformance/test_audio.py",
-        "-p", "no:cacheprovider", "-rs", *deselect,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT_S - 30)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, f"audio conformance vs real vLLM failed:\n{text[-6000:]}"
-    assert " passed" in text and " failed" not in text and "skipped" not in text, text[-2000:]
+    target = "tests/conformance/test_audio.py"
+    text = await run_conformance(env, KNOWN_DIFFERENCES, target, what="audio conformance vs vLLM")
     assert "deselected" not in text, text[-2000:]
 
 

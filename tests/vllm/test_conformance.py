@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
 from benchmarks.vllm_cpu import VLLM_VERSION, VllmFleet
-from tests.vllm.conftest import TIMEOUT_S
+from tests.vllm.conftest import TIMEOUT_S, run_conformance
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 
-ROOT = Path(__file__).resolve().parents[2]
 # Conformance tests vLLM 0.32.0 fails, deselected with the reason: empty, the suite asserts
 # vLLM's behaviour and the simulator follows it (test_vllm_032_behaviour.py compares the two).
 # An engine upgrade that changes behaviour is listed here until suite and simulator follow.
@@ -34,23 +28,14 @@ async def test_conformance_suite_passes_against_real_vllm(fleet: VllmFleet) -> N
     replica = fleet.replicas[0]
     assert replica.kv_events_endpoint and replica.replay_endpoint
     env = {
-        **os.environ,
         "LLMGW_VLLM_URL": replica.url,
         "LLMGW_VLLM_MODEL": fleet.model,
         "LLMGW_VLLM_ZMQ": replica.kv_events_endpoint,
         "LLMGW_VLLM_REPLAY": replica.replay_endpoint,
         "LLMGW_VLLM_BLOCK_SIZE": str(fleet.block_size),
     }
-    deselect = [
-        a for t in KNOWN_DIFFERENCES for a in ("--deselect", f"tests/conformance/{t}[vllm]")
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "tests/conformance", "-p", "no:cacheprovider",
-        "--ignore", "tests/conformance/test_sim_faults.py", *deselect,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT_S - 30)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, f"conformance vs vLLM {VLLM_VERSION} failed:\n{text[-6000:]}"
-    # Nothing skipped: the pooling-replica tests are deselected (test_pooling_vllm.py runs them).
-    assert " passed" in text and " failed" not in text and "skipped" not in text, text[-2000:]
+    # Nothing skipped: the pooling and audio replicas' tests are deselected (their own modules,
+    # test_pooling_vllm.py and test_audio_vllm.py, run them).
+    ignore = ("--ignore", "tests/conformance/test_sim_faults.py")
+    what = f"conformance vs vLLM {VLLM_VERSION}"
+    await run_conformance(env, KNOWN_DIFFERENCES, "tests/conformance", *ignore, what=what)

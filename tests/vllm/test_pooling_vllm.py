@@ -9,13 +9,10 @@ refuses classify and token_embed), /score, /v1/score, /rerank, /v1/rerank, /v2/r
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -31,12 +28,12 @@ from tests.vllm.conftest import (
     NUM_GPU_BLOCKS,
     TIMEOUT_S,
     gateway_config,
+    run_conformance,
     wait_until,
 )
 
 pytestmark = [pytest.mark.asyncio(loop_scope="package"), pytest.mark.timeout(TIMEOUT_S)]
 
-ROOT = Path(__file__).resolve().parents[2]
 # vLLM behaviours the simulator's pooling runner deliberately does not copy (no test asserts
 # them): the order of the supported tasks in /pooling's refusal of another task (vLLM lists
 # them from a set, so it changes with each process's hash seed; the simulator fixes one).
@@ -78,25 +75,14 @@ async def test_conformance_pooling_tests_pass_against_real_vllm(
     fleet: VllmFleet, pooling: VllmFleet
 ) -> None:
     env = {
-        **os.environ,
         "LLMGW_VLLM_URL": fleet.replicas[0].url,
         "LLMGW_VLLM_MODEL": fleet.model,
         "LLMGW_VLLM_BLOCK_SIZE": str(fleet.block_size),
         "LLMGW_VLLM_POOLING_URL": pooling.replicas[0].url,
         "LLMGW_VLLM_POOLING_MODEL": pooling.model,
     }
-    deselect = [
-        a for t in KNOWN_DIFFERENCES for a in ("--deselect", f"tests/conformance/{t}[vllm]")
-    ]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pytest", "tests/conformance/test_pooling_routes.py",
-        "-p", "no:cacheprovider", "-rs", *deselect,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT_S - 30)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, f"pooling conformance vs real vLLM failed:\n{text[-6000:]}"
-    assert " passed" in text and " failed" not in text and "skipped" not in text, text[-2000:]
+    target = "tests/conformance/test_pooling_routes.py"
+    await run_conformance(env, KNOWN_DIFFERENCES, target, what="pooling conformance vs real vLLM")
 
 
 async def test_openai_sdk_embeddings_through_the_gateway(
