@@ -38,7 +38,7 @@ import orjson
 
 from cache_index.hashing import block_hashes, prompt_hash
 from gateway.config import CacheIndexConfig, ReplicaConfig
-from gateway.proxy.affinity import Affinity
+from gateway.proxy.affinity import Affinity, Digest
 from gateway.proxy.requests import parse_request
 from gateway.replicas.pool import ReplicaPool
 from routing.profile import BUILTIN_PROFILES
@@ -133,9 +133,9 @@ def measure(
     tokenize_us = _median_us(lambda: tok.encode(text), repeat) if mode == "precise" else 0.0
     ids = tok.encode(text)
 
-    def digest() -> tuple[int, int, tuple[int, ...]]:
+    def digest() -> Digest:
         if mode == "precise":
-            return len(ids), prompt_hash("m", text), tuple(block_hashes(ids, 16))
+            return Digest(len(ids), prompt_hash("m", text), tuple(block_hashes(ids, 16)), 16)
         got = aff.digest(req)
         assert got is not None
         return got

@@ -132,6 +132,8 @@ _GUARD = PluginSpec(
         "guard_slack": 8.0,
         "full_allowance_share": 0.125,
         "share_window": 256,
+        "inflight": 0.5,
+        "join_slack": 1.0,
     },
 )
 _LOAD_SCORERS = (

@@ -9,39 +9,68 @@ at any load, and forgets it as the picks roll out (no decay clock: routing stays
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 from routing.types import ReplicaSnapshot
 
 
-class ShareWindow:
-    """The replica names of the last `window` picks, counted per replica."""
+class _Counted:
+    """The last `window` keys, counted per key."""
 
-    __slots__ = ("_counts", "_picks")
+    __slots__ = ("_keys", "counts")
 
     def __init__(self, window: int) -> None:
-        self._picks: deque[str] = deque(maxlen=max(0, window))
-        self._counts: dict[str, int] = {}
+        self._keys: deque[Hashable] = deque(maxlen=max(0, window))
+        self.counts: dict[Hashable, int] = {}
 
-    def record(self, name: str) -> None:
-        """Count one pick of `name`, forgetting the oldest once the window is full."""
-        picks, counts = self._picks, self._counts
-        if picks.maxlen == 0:
+    def add(self, key: Hashable) -> None:
+        keys, counts = self._keys, self.counts
+        if keys.maxlen == 0:
             return
-        if len(picks) == picks.maxlen:
-            old = picks[0]
+        if len(keys) == keys.maxlen:
+            old = keys[0]
             left = counts[old] - 1
             if left:
                 counts[old] = left
             else:
                 del counts[old]
-        picks.append(name)
-        counts[name] = counts.get(name, 0) + 1
+        keys.append(key)
+        counts[key] = counts.get(key, 0) + 1
+
+
+class ShareWindow:
+    """The replica names of the last `window` picks, counted per replica; with `join_slack`,
+    those of new conversations (picks without affinity) apart, and which prefix each joined."""
+
+    __slots__ = ("_joined", "_joins", "_picks", "_slack")
+
+    def __init__(self, window: int, join_slack: float | None = None) -> None:
+        self._picks = _Counted(window)
+        self._slack = join_slack
+        joins = window if join_slack is not None else 0
+        self._joins, self._joined = _Counted(joins), _Counted(joins)
+
+    def record(self, name: str, new: bool = False, prefix: int | None = None) -> None:
+        """Count one pick of `name`; `new`: of a new conversation, joining `prefix` (the hash
+        of the deepest block it matched there; None: it matched nothing there)."""
+        self._picks.add(name)
+        if new:
+            self._joins.add(name)
+            if prefix is not None:
+                self._joined.add((name, prefix))
 
     def counts(self, replicas: Sequence[ReplicaSnapshot]) -> list[int]:
         """Recent picks of each of `replicas`, in their order."""
-        get = self._counts.get
+        get = self._picks.counts.get
         return [get(r.name, 0) for r in replicas]
+
+    def joins(self, replicas: Sequence[ReplicaSnapshot]) -> Joins | None:
+        """The new conversations' view, None when not counted (no join_slack)."""
+        if self._slack is None:
+            return None
+        get = self._joins.counts.get
+        names = [r.name for r in replicas]
+        return Joins([get(n, 0) for n in names], self._slack, names, self._joined.counts)
 
 
 class Shares:
@@ -58,6 +87,10 @@ class Shares:
         """True when replica i has more than mean + weight x room of the recent picks."""
         return self._counts[i] > self._mean + weight * self._room
 
+    def over_fewest(self, i: int) -> bool:
+        """True when replica i has more than the room (ratio 1: the slack) over the fewest."""
+        return self._counts[i] > min(self._counts) + self._room
+
     def count(self, i: int) -> int:
         """Recent picks of replica i."""
         return self._counts[i]
@@ -72,3 +105,26 @@ class Shares:
         """The fewest picked of `among` whose load is within `band` of their least."""
         floor = min(loads[i] for i in among) + band
         return self.fewest([i for i in among if loads[i] <= floor])
+
+
+class Joins(Shares):
+    """One decision's view of the recent new conversations: who may take another one."""
+
+    __slots__ = ("_joined", "_names")
+
+    def __init__(
+        self,
+        counts: list[int],
+        slack: float,
+        names: Sequence[str],
+        joined: Mapping[Hashable, int],
+    ) -> None:
+        super().__init__(counts, 1.0, slack)
+        self._names, self._joined = names, joined
+
+    def refused(self, i: int, prefix: int | None) -> bool:
+        """True when replica i has over `slack` more new conversations than the fewest's and
+        one already joined `prefix` there: the first to join a prefix keeps a group together
+        (two users of one document), later ones are copied out (a prompt every user shares)."""
+        first = prefix is not None and (self._names[i], prefix) not in self._joined
+        return not first and self.over_fewest(i)

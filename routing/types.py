@@ -154,6 +154,9 @@ class RequestFeatures:
     model: str
     request_id: str = ""
     prompt_tokens: int = 0
+    # The templated prompt's characters when prompt_tokens was estimated from them (no
+    # tokenizer), else 0: the gateway learns the estimate's ratio from the replicas' counts.
+    prompt_chars: int = 0
     # Admission-queue bucket of prompt_tokens, named from [admission].buckets ("le128", ...)
     # by the gateway's cache-index lookup; "" until then.
     bucket: str = ""
@@ -170,7 +173,8 @@ class RequestFeatures:
     # Leading blocks that requests still in flight on a replica carry, where deeper than its
     # prefix_match: a prefix being computed there now, not yet in the index.
     inflight_match: Mapping[str, int] = field(default_factory=dict)
-    # Prompt tokens per block of block_hashes (the replicas' block size, or ~block_chars / 4).
+    # Prompt tokens per block of block_hashes (the replicas' block size, or block_chars over
+    # the characters per token the gateway estimates).
     block_tokens: int = 16
     # Each tier's candidate, as the cache index reports it: the replica that last served this
     # prompt (tier 1), this session, and, when no replica holds any of the prompt, the

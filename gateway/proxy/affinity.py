@@ -7,6 +7,7 @@ import logging
 import time
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cache_index.admission_queue import bucket_of
@@ -19,6 +20,7 @@ from cache_index.session_affinity import SessionAffinity, session_key
 from gateway.config import AdmissionConfig, CacheIndexConfig
 from gateway.proxy import batch_route, messages_route, responses_route
 from gateway.proxy.requests import Kind, ParsedRequest, with_features
+from gateway.proxy.token_estimate import CharsPerToken
 from routing.types import RequestFeatures
 from vllm_api.chat_template import ChatTemplate, load_chat_template
 from vllm_api.tokenizer import Tokenizer, load_tokenizer
@@ -37,6 +39,19 @@ _CACHED_KINDS: frozenset[Kind] = frozenset(
 )
 # Routes whose rendered chat vLLM tokenizes without adding special tokens.
 _PLAIN_KINDS: frozenset[Kind] = frozenset({"chat", "messages", "chat_batch"})
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """What hashing a prompt found: pure, so it may be computed in a worker thread."""
+
+    tokens: int
+    prompt_hash: int
+    hashes: tuple[int, ...]
+    # Prompt tokens per block of `hashes`.
+    block_tokens: int
+    # The templated prompt's characters when `tokens` was estimated from them, else 0.
+    chars: int = 0
 
 
 class Affinity:
@@ -68,8 +83,11 @@ class Affinity:
         # Prefixes being computed now: a second request of a new prefix follows the first.
         self.inflight = InflightPrefixes(_MAX_INFLIGHT)
         self._session_header = cfg.session_header.lower().encode()
-        # Without a tokenizer a 64-character block is about 16 tokens (~4 characters each).
+        # Blocks of a token-id prompt without a tokenizer: a 64-character block is about 16
+        # tokens (~4 characters each). Fixed: a block's hash must not change with estimates.
         self.block_tokens = cfg.block_size if self.tokenizer else max(1, cfg.block_chars // 4)
+        # Without a tokenizer, text prompts' tokens are estimated at a ratio learned from vLLM.
+        self.chars_per_token = CharsPerToken()
         # Told of every routing outcome `record` keeps (shared state publishes them); None alone.
         self.on_record: Callable[[RequestFeatures, str], None] | None = None
 
@@ -105,9 +123,10 @@ class Affinity:
             return first
         return None
 
-    def _hashes(self, req: ParsedRequest, text: str) -> tuple[int, tuple[int, ...]]:
+    def _hashes(self, req: ParsedRequest, text: str) -> Digest:
         # vLLM keys a LoRA adapter's blocks apart from the base model's: so does the index.
         extra = req.model.encode() if self._is_lora(req.model) else b""
+        whole = prompt_hash(req.model, text)
         if self.tokenizer is not None:
             # A rendered chat already carries the template's BOS; vLLM adds none to it.
             tok = self.tokenizer
@@ -115,12 +134,13 @@ class Affinity:
             plain = req.kind in _PLAIN_KINDS
             ids = tok.encode_plain(text) if plain else tok.encode(text)
             hashes = block_hashes(ids, self.cfg.block_size, extra=extra)
-            return len(ids), tuple(hashes)
+            return Digest(len(ids), whole, tuple(hashes), self.cfg.block_size)
         hashes = char_block_hashes(text, self.cfg.block_chars, extra=extra)
-        # No tokenizer: about 4 characters per token, as the length buckets expect.
-        return len(text) // 4, tuple(hashes)
+        ratio = self.chars_per_token.ratio(req.model)
+        per_block = max(1, round(self.cfg.block_chars / ratio))
+        return Digest(int(len(text) / ratio), whole, tuple(hashes), per_block, len(text))
 
-    def _id_digest(self, req: ParsedRequest, ids: list[int]) -> tuple[int, int, tuple[int, ...]]:
+    def _id_digest(self, req: ParsedRequest, ids: list[int]) -> Digest:
         # Token ids are exactly what vLLM caches: blocks of the replicas' block size with a
         # tokenizer, else of block_tokens (so matched blocks x block_tokens stays the tokens).
         extra = req.model.encode() if self._is_lora(req.model) else b""
@@ -128,10 +148,10 @@ class Affinity:
         hashes = tuple(block_hashes(ids, size, extra=extra))
         # Keyed apart from text prompts; ids are < 2**32 (parse_request checked them).
         whole = prompt_hash(req.model, _IDS_KEY + array("I", ids).tobytes())
-        return len(ids), whole, hashes
+        return Digest(len(ids), whole, hashes, size)
 
-    def digest(self, req: ParsedRequest) -> tuple[int, int, tuple[int, ...]] | None:
-        """(prompt tokens, prompt hash, block hashes): pure, so it may run in a worker thread."""
+    def digest(self, req: ParsedRequest) -> Digest | None:
+        """The prompt's tokens, prompt hash and block hashes (None: nothing to route on)."""
         # Odd but valid input (content parts the template can't take, ids the tokenizer or the
         # hashes refuse) is the replica's to judge: without features it is routed by load.
         # Counts and tokenizations fill no KV cache; a follow-up's prompt starts with turns
@@ -142,9 +162,7 @@ class Affinity:
             ids = self._token_ids(req)
             if ids is not None:
                 return self._id_digest(req, ids)
-            text = self.prompt_text(req)
-            tokens, hashes = self._hashes(req, text)
-            return tokens, prompt_hash(req.model, text), hashes
+            return self._hashes(req, self.prompt_text(req))
         except Exception as exc:
             log.debug("no features for %s: %s: %s", req.request_id, type(exc).__name__, exc)
             return None
@@ -153,15 +171,15 @@ class Affinity:
         self,
         req: ParsedRequest,
         headers: list[tuple[bytes, bytes]],
-        digest: tuple[int, int, tuple[int, ...]] | None,
+        digest: Digest | None,
     ) -> RequestFeatures:
         """What each tier knows about this request (on the event loop: the tiers aren't shared)."""
         if digest is None:
             bucket = bucket_of(self.buckets, req.features.prompt_tokens)
             return with_features(req.features, bucket=bucket)
-        tokens, p_hash, hashes = digest
+        tokens, hashes, chars = digest.tokens, digest.hashes, digest.chars
         if req.kind == "chat_batch":  # hashed on its first conversation, sized on them all
-            tokens = batch_route.prompt_tokens(req.data, tokens)
+            tokens, chars = batch_route.prompt_tokens(req.data, tokens), 0
         now = time.monotonic()
         header = next((v.decode("latin-1") for k, v in headers if k == self._session_header), None)
         session = session_key(header, req.data.get("user"))
@@ -180,13 +198,14 @@ class Affinity:
             req.features,
             prompt_tokens=tokens,
             bucket=bucket_of(self.buckets, tokens),
-            prompt_hash=p_hash,
+            prompt_chars=chars,
+            prompt_hash=digest.prompt_hash,
             block_hashes=hashes,
             session=session,
             prefix_match=match,
             inflight_match=running,
-            block_tokens=self.block_tokens,
-            prompt_cache_replica=self.prompts.get(p_hash, now),
+            block_tokens=digest.block_tokens,
+            prompt_cache_replica=self.prompts.get(digest.prompt_hash, now),
             session_replica=self.sessions.get(session, now) if session is not None else None,
             prefix_home_replica=home[0] if home is not None else None,
         )
@@ -219,6 +238,14 @@ class Affinity:
                 self.homes.record(replica, features.block_hashes)
         if self.on_record is not None:
             self.on_record(features, replica)
+
+    def wants_usage(self, features: RequestFeatures) -> bool:
+        """Whether this answer's prompt token count should be read (to learn the estimate)."""
+        return features.prompt_chars > 0 and self.chars_per_token.wants(features.model)
+
+    def observe_usage(self, features: RequestFeatures, prompt_tokens: int) -> None:
+        """The replica counted `prompt_tokens` for this request's prompt."""
+        self.chars_per_token.observe(features.model, features.prompt_chars, prompt_tokens)
 
     def forget_replica(self, replica: str) -> None:
         """A replica restarted or left: nothing it cached can be trusted."""

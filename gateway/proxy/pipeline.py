@@ -114,7 +114,7 @@ class Pipeline:
             raise
         exchange.trace = rtrace
         exchange.grant = grant
-        exchange.want_usage = self._request_log.enabled
+        exchange.want_usage |= self._request_log.enabled
         return exchange
 
     async def _open(
@@ -196,6 +196,8 @@ class Pipeline:
                 if exchange.streaming:
                     self._metrics.first_token(req.model, exchange.first_byte_at - started)
                 if exchange.status < 400:
+                    exchange.features = features
+                    exchange.want_usage |= self._affinity.wants_usage(features)
                     self._affinity.record(features, name)
                     # Only this replica's entry grew; another's may shrink when the index's
                     # total bound evicts, and is then stale until it is next routed to.
@@ -293,6 +295,11 @@ class Pipeline:
         """Close the upstream side and feed the outcome back: exactly once per exchange."""
         exchange.close()
         self._release(exchange.lease, ok)
+        features = exchange.features
+        if features is not None and features.prompt_chars and exchange.want_usage:
+            counted = exchange.prompt_tokens()
+            if counted:
+                self._affinity.observe_usage(features, counted)
         tenancy = self._tenancy
         if exchange.grant is not None and tenancy is not None:
             # The answer's own usage; a stream without a usage chunk keeps its reservation.

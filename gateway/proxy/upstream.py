@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 import aiohttp
 
 from gateway.config import UpstreamConfig
-from gateway.proxy.usage import usage_marked, usage_tokens
+from gateway.proxy.usage import prompt_usage, usage_marked, usage_tokens
 from gateway.replicas.pool import Lease
-from routing.types import Decision
+from routing.types import Decision, RequestFeatures
 from telemetry.tracing import RequestTrace
 
 if TYPE_CHECKING:
@@ -134,8 +134,13 @@ class Exchange:
     grant: Grant | None = None
     # prompt + completion tokens of a stream's usage chunk, when one was seen (and wanted).
     usage: int | None = None
-    # Read a stream's usage chunk even without a token quota (the request log wants it).
+    # Read a stream's usage chunk even without a token quota (the request log wants it, or
+    # the gateway's token estimate learns from it).
     want_usage: bool = False
+    # The usage object's bytes as last seen in a stream (prompt tokens are read from it).
+    usage_data: bytes = b""
+    # The features it was routed on (their prompt's characters pair with the usage's count).
+    features: RequestFeatures | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The stream's chunks as they arrive, starting with the first; nothing is buffered."""
@@ -148,7 +153,7 @@ class Exchange:
         tap = self.want_usage or (self.grant is not None and self.grant.wants_usage)
         prev = self.first
         if tap and usage_marked(prev):
-            self.usage = usage_tokens(prev)
+            self.usage, self.usage_data = usage_tokens(prev), prev
         readany = self.response.content.readany
         loop = asyncio.get_running_loop()
         try:
@@ -165,7 +170,9 @@ class Exchange:
                         if usage_marked(prev[-_MARK_TAIL:] + chunk):
                             # The event may have begun in the previous read.
                             found = usage_tokens(chunk)
-                            self.usage = found if found is not None else usage_tokens(prev + chunk)
+                            data = chunk if found is not None else prev + chunk
+                            self.usage = found if found is not None else usage_tokens(data)
+                            self.usage_data = data
                         prev = chunk
                     yield chunk
         except TimeoutError:
@@ -181,6 +188,12 @@ class Exchange:
         if self.streaming:
             return self.usage
         return usage_tokens(self.first)
+
+    def prompt_tokens(self) -> int | None:
+        """The prompt tokens the answer says it counted; None when unknown or an error."""
+        if self.status >= 400:
+            return None
+        return prompt_usage(self.usage_data if self.streaming else self.first)
 
     def close(self) -> None:
         """Free the upstream: a finished body goes back to the pool, anything else is cut now."""

@@ -37,26 +37,46 @@ def _count(pattern: re.Pattern[bytes], data: bytes, start: int, end: int) -> int
     return int(found[1]) if found is not None else None
 
 
-def usage_tokens(data: bytes) -> int | None:
-    """Prompt + generated tokens of the last `usage` object in `data`, or None if none."""
-    start = -1
+def _usage_at(data: bytes) -> int:
+    """Where the last `usage` object in `data` starts, or -1."""
     # Usage comes last (after the choices of a body, in the last event of a stream).
     at = data.rfind(b'"usage"')
     while at >= 0:
         if _USAGE.match(data, at):
-            start = at
-            break
+            return at
         at = data.rfind(b'"usage"', 0, at)
+    return -1
+
+
+def _prompt_count(data: bytes, start: int, end: int) -> int | None:
+    prompt = _count(_PROMPT, data, start, end)
+    if prompt is not None:
+        return prompt
+    given = _count(_INPUT, data, start, end)
+    if given is None:
+        return None
+    read = _count(_CACHE_READ, data, start, end) or 0
+    return given + read + (_count(_CACHE_WRITE, data, start, end) or 0)
+
+
+def usage_tokens(data: bytes) -> int | None:
+    """Prompt + generated tokens of the last `usage` object in `data`, or None if none."""
+    start = _usage_at(data)
     if start < 0:
         return None
     end = start + _USAGE_SPAN
     prompt = _count(_PROMPT, data, start, end)
     if prompt is not None:
         return prompt + (_count(_COMPLETION, data, start, end) or 0)
-    given = _count(_INPUT, data, start, end)
     output = _count(_OUTPUT, data, start, end)
+    given = _prompt_count(data, start, end)
     if given is None or output is None:
         return None
-    read = _count(_CACHE_READ, data, start, end) or 0
-    written = _count(_CACHE_WRITE, data, start, end) or 0
-    return given + read + written + output
+    return given + output
+
+
+def prompt_usage(data: bytes) -> int | None:
+    """The prompt tokens of the last `usage` object in `data` (input, with cache reads and
+    writes for Messages), or None if none."""
+    start = _usage_at(data)
+    return None if start < 0 else _prompt_count(data, start, start + _USAGE_SPAN)

@@ -1,20 +1,16 @@
 """Picker: stick to a replica that has the request's cache, while its load and share are in line.
 
-A replica passes the load guard when load (routing.scoring.load) <= guard_ratio x mean
-candidate load + guard_slack; the slack lets an idle fleet take requests at all.
-1. request.affinity_replica passing it: "prompt_cache_hit", "session", "prefix_home".
-2. Holders (routing.scoring.held >= min_match_blocks: prefix_match, or a prefix in flight with
-   w >= inflight), by longest match, least load, fewest recent picks, highest total, then at
-   random; the first passing wins: "prefix_hit". A match filling s < full_allowance_share of
-   the holder's KV cache earns w = s / full_allowance_share of the allowance above the least
-   load (routing.scoring.allowance), and passes the share bound while its count among the
-   last share_window picks is <= mean + w x ((share_ratio - 1) x mean + share_slack): a short
-   prefix is cheap to copy, so its holders must not draw every new prefix. Full matches
-   (w = 1) and affinity have no share bound unless share_all.
-3. A candidate failed: "share_guard" if a holder failed its share, else "load_guard". 4. None:
-"miss_by_load". In 3 and 4 the best total within the guards wins, then at random; but while the
-guard cannot bind (low concurrency), only the fewest recently picked of those within share_band
-of the least load compete (else new prefixes go to whoever is free: the fastest replica).
+Load guard: load (routing.scoring.load) <= guard_ratio x mean load + guard_slack. 1. Affinity
+(request.affinity_replica) passing it: "prompt_cache_hit", "session", "prefix_home". 2. Holders
+(routing.scoring.held >= min_match_blocks: cached, or in flight with w >= inflight) by longest
+match, least load, fewest recent picks, highest total, at random; the first passing wins
+("prefix_hit"). A match filling s < full_allowance_share of the holder's KV cache earns w = s /
+full_allowance_share of the allowance above the least load and passes while its count of the
+last share_window picks <= mean + w x ((share_ratio - 1) x mean + share_slack) (full matches
+too with share_all, and affinity). While the guard cannot bind, a new conversation skips a holder
+with over join_slack more new conversations than the fewest's unless first to join that prefix
+there. 3. A holder failed: "share_guard" or "load_guard"; 4. none held: "miss_by_load": the best
+total within the guards, while the guard cannot bind of the fewest (new) picks near least load.
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
 _TIE_EPSILON = 1e-9
 Totals = Sequence[float]
+Replicas = Sequence[ReplicaSnapshot]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +44,7 @@ class Params:
     share_slack: float = param(8.0, "picks allowed above share_ratio x mean recent share")
     share_all: bool = param(False, "bound full matches and affinity too (w = 1)")
     share_band: float = param(1.0, "load above the least placed by fewest picks (bound only)")
+    join_slack: float | None = param(None, "new conversations above the fewest's (None: off)")
     seed: int | None = param(None, "seed of the tie-break generator (None: from the OS)")
 
     def __post_init__(self) -> None:
@@ -57,6 +55,7 @@ class Params:
             "full_allowance_share in (0, 1] or None": share is None or 0 < share <= 1,
             "share_window >= 0, share_band >= 0": min(self.share_window, self.share_band) >= 0,
             "share_ratio >= 1, share_slack >= 0": self.share_ratio >= 1 and self.share_slack >= 0,
+            "join_slack >= 0 or None": self.join_slack is None or self.join_slack >= 0,
         }
         if failed := [rule for rule, ok in checks.items() if not ok]:
             raise ValueError("need " + "; ".join(failed))
@@ -65,29 +64,26 @@ class Params:
 class AffinityGuard:
     """Affinity first, prefix holders next, load last; every pick names its branch."""
 
-    __slots__ = ("_p", "_rng", "_share", "reads_inflight")
+    __slots__ = ("_joined", "_p", "_rng", "_share", "reads_inflight")
 
     def __init__(self, params: Params) -> None:
         self._p, self._rng = params, random.Random(params.seed)
-        self._share = ShareWindow(params.share_window)
+        self._share = ShareWindow(params.share_window, params.join_slack)
+        self._joined: int | None = None  # the prefix the last pick joined (its deepest block)
         self.reads_inflight = params.inflight is not None
 
-    def pick(
-        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Totals
-    ) -> Pick:
+    def pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
         pick = self._pick(request, replicas, totals)
-        self._share.record(replicas[pick.index].name)
+        self._share.record(replicas[pick.index].name, not request.affinity_replica, self._joined)
         return pick
 
-    def _pick(
-        self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot], totals: Totals
-    ) -> Pick:
-        p, n = self._p, len(replicas)
+    def _pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
+        p, n, self._joined = self._p, len(replicas), None
         loads = [load(r) for r in replicas]
         limit = p.guard_ratio * sum(loads) / n + p.guard_slack
         shares = Shares(self._share.counts(replicas), p.share_ratio, p.share_slack)
-        bound, over = sum(loads) <= limit, set[int]()
-        target = request.affinity_replica
+        bound, over, target = sum(loads) <= limit, set[int](), request.affinity_replica
+        joins = self._share.joins(replicas) if bound and target is None else None
         i = next((i for i, r in enumerate(replicas) if r.name == target), -1) if target else -1
         if i >= 0 and bound and p.share_all and shares.over(i):
             over.add(i)
@@ -100,18 +96,22 @@ class AffinityGuard:
                 for i, r in enumerate(replicas)
                 if (m := held(request, r, p.full_allowance_share, p.inflight)) >= p.min_match_blocks
             ]
-            least = min(loads)
+            least, hashes = min(loads), request.block_hashes
             for neg_m, lo, *_, i in sorted(holders):
                 w = allowance(request, replicas[i], -neg_m, p.full_allowance_share)
                 limits[i] = least + w * (limit - least)
-                if bound and (w < 1.0 or p.share_all) and shares.over(i, w):
+                free = not bound or (w >= 1.0 and not p.share_all)
+                prefix = hashes[-neg_m - 1] if -neg_m <= len(hashes) else None
+                if (joins and joins.refused(i, prefix)) or (not free and shares.over(i, w)):
                     over.add(i)
                 elif lo <= limits[i]:
+                    self._joined = prefix
                     return Pick(i, Branch.PREFIX_HIT)
             guarded = guarded or bool(holders)
         # A holder over its guard or share is left out, or its prefix score could win it back.
         pool = [i for i, lo in enumerate(loads) if lo <= limits[i] and i not in over] or [*range(n)]
-        pool = shares.evenly(pool, loads, p.share_band) if bound and p.share_window else pool
+        if bound and p.share_window:
+            pool = (joins or shares).evenly(pool, loads, p.share_band)
         index = choose(self._rng, near_best(totals, _TIE_EPSILON, pool))
         branch = Branch.SHARE_GUARD if over else Branch.LOAD_GUARD
         return Pick(index, branch if guarded else Branch.MISS_BY_LOAD)

@@ -243,16 +243,46 @@ def test_session_profile_ignores_prefix_homes_and_default_follows_them() -> None
         assert (decision.replica.name, decision.branch) == ("a", branch)
 
 
+def _without_joins(profile: ProfileSpec) -> ProfileSpec:
+    """`profile` with no bound on new conversations (the load guard's own behaviour)."""
+    params = {**profile.picker.params, "join_slack": None}
+    return dataclasses.replace(profile, picker=dataclasses.replace(profile.picker, params=params))
+
+
 def test_session_profile_ignores_prefix_holders_and_default_follows_them() -> None:
     _, loads = _burst(BUILTIN_PROFILES["session"], 8)
     assert max(loads) - min(loads) <= 1  # by load alone, although "a" holds the prefix
-    branches, _ = _burst(BUILTIN_PROFILES["default"], 8)
+    branches, _ = _burst(_without_joins(BUILTIN_PROFILES["default"]), 8)
     assert branches == ["prefix_hit"] * 8
+
+
+def test_default_copies_a_prefix_every_new_conversation_shares_at_low_concurrency() -> None:
+    # Identical new conversations whose prefix only "a" holds, an idle fleet: "a" takes a
+    # new conversation while it has at most join_slack (1) more than the fewest's; the
+    # others go to the fewest picked, so "a" never runs more than 2 over the least loaded.
+    fleet = [replica(n, running=0.0, waiting=0.0, kv_usage=0.1) for n in NAMES]
+    router = Router(BUILTIN_PROFILES["default"])
+    request = RequestFeatures(model=MODEL, block_hashes=(1, 2, 3, 4), prefix_match={"a": 4})
+    branches = []
+    for _ in range(12):
+        branches.append(_send(router, fleet, request))
+        loads = [r.in_flight for r in fleet]
+        assert loads[0] == max(loads) and loads[0] - min(loads) <= 2, branches
+    assert branches[:3] == ["prefix_hit", "prefix_hit", "share_guard"]
+    assert branches.count("prefix_hit") == 4 and min(loads) >= 2
+
+
+def test_join_slack_leaves_affinity_alone() -> None:
+    # A conversation's later turns (session affinity) are not new: they stay where they run.
+    fleet = [replica(n, running=0.0, waiting=0.0) for n in NAMES]
+    router = Router(BUILTIN_PROFILES["default"])
+    turn = RequestFeatures(model=MODEL, session="s", session_replica="a")
+    assert [_send(router, fleet, turn) for _ in range(6)] == ["session"] * 6
 
 
 @pytest.mark.parametrize("profile", ["prefix", "default"])
 def test_builtin_profiles_guard_at_twice_the_mean_plus_8(profile: str) -> None:
-    branches, loads = _burst(BUILTIN_PROFILES[profile], 60)
+    branches, loads = _burst(_without_joins(BUILTIN_PROFILES[profile]), 60)
     # a <= 2 * a / 4 + 8 holds up to a = 16: 17 hits, then the guard trips.
     assert branches[:18] == ["prefix_hit"] * 17 + ["load_guard"]
     assert loads[0] == max(loads) and min(loads) > 0
@@ -358,6 +388,7 @@ def test_holders_tied_on_match_and_load_go_by_score_then_at_random() -> None:
         ({"share_window": -1}, "share_window >= 0"),
         ({"share_ratio": 0.5}, "share_ratio >= 1"),
         ({"share_slack": -2}, "share_slack >= 0"),
+        ({"join_slack": -1.0}, "join_slack >= 0"),
     ],
 )
 def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) -> None:
@@ -402,3 +433,16 @@ def test_prefixes_in_flight_are_not_followed_by_default() -> None:
     # (benchmarks/results/2026-12-03-inflight-prefixes/analysis.md).
     assert _inflight_pick(16, inflight=None) != "a"
     assert PLUGINS["affinity_guard"].build({})._p.inflight is None  # type: ignore[attr-defined]
+
+
+def test_the_first_new_conversation_to_join_a_prefix_on_a_holder_is_never_copied_out() -> None:
+    # Two users of one document stay together however many new conversations their replica
+    # already took; the next users of that document are copied out while it is over.
+    fleet = [replica(n, running=0.0, waiting=0.0) for n in NAMES]
+    router = Router(BUILTIN_PROFILES["default"])
+    common = RequestFeatures(model=MODEL, block_hashes=(1, 2, 3, 4), prefix_match={"a": 4})
+    assert [_send(router, fleet, common) for _ in range(3)][-1] == "share_guard"
+    document = RequestFeatures(model=MODEL, block_hashes=(5, 6, 7, 8), prefix_match={"a": 4})
+    assert _send(router, fleet, document) == "prefix_hit"  # a: 3 new, the fewest 0
+    assert fleet[0].in_flight == 3
+    assert _send(router, fleet, document) == "share_guard"

@@ -65,10 +65,10 @@ async def test_a_retried_request_is_followed_to_the_replica_it_moved_to() -> Non
     assert len(r.pipeline._affinity.inflight) == 0
 
 
-def _config() -> GatewayConfig:
-    """The default profile with prefixes in flight followed (off by default)."""
+def _config(inflight: float | None = 0.5) -> GatewayConfig:
+    """The default profile, its in-flight threshold set to `inflight` (0.5 is the default's)."""
     default = BUILTIN_PROFILES["default"]
-    picker = replace(default.picker, params={**default.picker.params, "inflight": 0.5})
+    picker = replace(default.picker, params={**default.picker.params, "inflight": inflight})
     profile = replace(default, picker=picker, name="following")
     routing = RoutingConfig(profile="following", profiles={"following": profile})
     return GatewayConfig(routing=routing, replicas=replica_configs(4, MODEL))
@@ -78,14 +78,13 @@ def _now() -> float:
     return time.perf_counter()
 
 
-async def test_the_default_profile_keeps_no_prefixes_in_flight() -> None:
-    # Nothing reads them by default (affinity_guard's inflight is None): not kept, not paid for.
-    default = GatewayConfig(replicas=replica_configs(4, MODEL))
-    r = pipeline_rig(FakeUpstream(default=Answer(hang="headers")), default)
+async def test_a_profile_that_does_not_follow_them_keeps_no_prefixes_in_flight() -> None:
+    # Nothing reads them (affinity_guard's inflight is None): not kept, not paid for.
+    r = pipeline_rig(FakeUpstream(default=Answer(hang="headers")), _config(None))
     task = asyncio.create_task(r.pipeline.open(chat(0, "q"), [], _now()))
     await hung(r)
     assert sum(r.in_flight().values()) == 1 and len(r.pipeline._affinity.inflight) == 0
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    following = pipeline_rig(FakeUpstream(), _config())
-    assert following.pipeline._router.reads_inflight and not r.pipeline._router.reads_inflight
+    default = pipeline_rig(FakeUpstream(), GatewayConfig(replicas=replica_configs(4, MODEL)))
+    assert default.pipeline._router.reads_inflight and not r.pipeline._router.reads_inflight
