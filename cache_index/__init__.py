@@ -1,6 +1,7 @@
 """Pure cache index: block hashing, prompt and session caches, prefix index, admission queue."""
 
 from cache_index.admission_queue import AdmissionQueue, QueueFull, Ticket, bucket_names, bucket_of
+from cache_index.approx_blocks import ApproxBlocks, budget_for
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import HashingError, block_hashes, char_block_hashes, prompt_hash
 from cache_index.inflight_prefixes import InflightPrefixes
@@ -12,6 +13,7 @@ from cache_index.session_affinity import SessionAffinity, session_hash, session_
 
 __all__ = [
     "AdmissionQueue",
+    "ApproxBlocks",
     "CacheIndexError",
     "HashingError",
     "InflightPrefixes",
@@ -29,6 +31,7 @@ __all__ = [
     "block_hashes",
     "bucket_names",
     "bucket_of",
+    "budget_for",
     "char_block_hashes",
     "prompt_hash",
     "session_hash",

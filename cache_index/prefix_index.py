@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import islice
+from itertools import takewhile
 from typing import Literal, TypeAlias
 
+from cache_index.approx_blocks import ApproxBlocks, budget_for
 from cache_index.errors import CacheIndexError
 from cache_index.hashing import block_hashes
 from vllm_api.kv_events import (
@@ -54,19 +55,15 @@ class ReplicaStats:
 
 
 class ReplicaBlocks:
-    """One replica's cached blocks; marks the hashes of its active mode in the shared owners map."""
+    """One replica's cached blocks: routing history (approximate) or KV events (precise)."""
 
     def __init__(
         self,
-        bit: int,
-        owners: dict[int, int],
         capacity: int,
         approx_capacity: int,
         resync_window_blocks: int,
         resync_miss_rate: float,
     ) -> None:
-        self.bit = bit
-        self._owners = owners
         self.capacity = capacity
         self.approx_capacity = approx_capacity
         self._keep = 1.0 - 1.0 / resync_window_blocks
@@ -74,7 +71,7 @@ class ReplicaBlocks:
         self.precise = False
         self.last_seq: int | None = None
         self.miss_rate = 1.0
-        self._approx: OrderedDict[int, None] = OrderedDict()
+        self._approx = ApproxBlocks(approx_capacity)
         self._v2o: OrderedDict[int, int] = OrderedDict()
         # Own hash -> how many vLLM hashes map to it (vLLM may key on things we do not hash).
         self._refs: dict[int, int] = {}
@@ -101,46 +98,35 @@ class ReplicaBlocks:
             last_seq=self.last_seq,
         )
 
-    def _mark(self, h: int) -> None:
-        self._owners[h] = self._owners.get(h, 0) | self.bit
-
-    def _unmark(self, h: int) -> None:
-        left = self._owners.get(h, 0) & ~self.bit
-        if left:
-            self._owners[h] = left
-        else:
-            self._owners.pop(h, None)
+    def depth(self, hashes: Sequence[int]) -> int:
+        """How many of `hashes`' leading blocks this replica holds in its active mode."""
+        if not self.precise:
+            return self._approx.depth(hashes)
+        refs = self._refs
+        if hashes[0] not in refs:
+            return 0
+        return len(list(takewhile(refs.__contains__, hashes)))
 
     def record_routed(self, hashes: Sequence[int]) -> None:
         if self.precise:
             return  # events are the truth; guesses would only add false hits
-        lru = self._approx
-        # Reversed so a prompt's leading blocks are the most recent: LRU then evicts tails
-        # first, as vLLM does, and a shared prefix outlives the suffixes hanging off it.
-        for h in reversed(hashes):
-            if h in lru:
-                lru.move_to_end(h)
-            else:
-                lru[h] = None
-                self._mark(h)
-        self._trim_approx(self.approx_capacity)
+        self._approx.record(hashes)
 
     def set_capacity(self, capacity: int, approx_capacity: int) -> None:
         self.capacity, self.approx_capacity = capacity, approx_capacity
-        self._trim_approx(approx_capacity)
+        self._approx.set_capacity(approx_capacity)
         self._trim_precise(capacity)
 
-    def evict(self, n: int) -> None:
-        """Drop `n` least recent entries (the index-wide memory cap needs room)."""
-        from_approx = min(n, len(self._approx))
-        self._trim_approx(len(self._approx) - from_approx)
-        self._trim_precise(max(0, len(self._v2o) - (n - from_approx)))
-
-    def _trim_approx(self, limit: int) -> None:
-        lru = self._approx
-        while len(lru) > limit:
-            h, _ = lru.popitem(last=False)
-            self._unmark(h)
+    def evict(self, n: int) -> int:
+        """Drop up to `n` least recent entries (the index-wide memory cap needs room); dropped."""
+        approx = self._approx
+        from_approx = min(n, len(approx))
+        removed = approx.trim(len(approx) - from_approx, budget_for(from_approx))
+        if removed < from_approx:
+            return removed  # the rest at the next call: one call's scan stays bounded
+        before = len(self._v2o)
+        self._trim_precise(max(0, before - (n - from_approx)))
+        return removed + before - len(self._v2o)
 
     def _trim_precise(self, limit: int) -> None:
         # Over capacity means removals were missed: the oldest stores are the likeliest gone.
@@ -154,16 +140,9 @@ class ReplicaBlocks:
             self._refs[own] = left
             return
         del self._refs[own]
-        if self.precise:
-            self._unmark(own)
 
     def clear(self, precise: bool) -> None:
         """Forget everything; `precise` says whether events are in sync afterwards."""
-        for h in self._approx:
-            self._unmark(h)
-        if self.precise:
-            for h in self._refs:
-                self._unmark(h)
         self._approx.clear()
         self._v2o.clear()
         self._refs.clear()
@@ -173,20 +152,14 @@ class ReplicaBlocks:
     def desync(self) -> None:
         """Events were lost: fall back to approximate, seeded with the last precise view."""
         if self.precise:
-            # Already marked: the approximate LRU just takes the marks over.
-            self._approx = OrderedDict.fromkeys(self._refs)
+            self._approx.adopt(self._refs)
             self.precise = False
-            self._trim_approx(self.approx_capacity)
         self._v2o.clear()
         self._refs.clear()
         self.miss_rate = 1.0
 
     def _resync(self) -> None:
-        for h in self._approx:
-            self._unmark(h)
         self._approx.clear()
-        for h in self._refs:
-            self._mark(h)
         self.precise = True
         self.resyncs += 1
 
@@ -244,8 +217,6 @@ class ReplicaBlocks:
             v2o[v] = o
             count = refs.get(o, 0)
             refs[o] = count + 1
-            if count == 0 and self.precise:
-                self._mark(o)
         self._trim_precise(self.capacity)
 
 
@@ -255,11 +226,11 @@ def _tracked(medium: str | None, group_idx: int | None) -> bool:
 
 
 class PrefixIndex:
-    """Per-replica block indexes plus one hash -> replica bitmask map for fast matching.
+    """Per-replica block indexes; a match walks each replica's own maps in C (see approx_blocks).
 
     Args: default_capacity: blocks assumed when a replica's cache size is unknown.
     approx_ratio: gateway blocks per vLLM block (e.g. 64-char blocks vs 16-token blocks).
-    max_blocks_per_replica / max_total_blocks: memory caps (an entry costs ~200-250 bytes).
+    max_blocks_per_replica / max_total_blocks: memory caps (bytes per entry: `bench routing-cost`).
     seed: root seed of the own chained hash (must match the gateway's request hashing).
     """
 
@@ -286,9 +257,8 @@ class PrefixIndex:
         self.max_replicas = max_replicas
         self.seed = seed
         self._resync = (resync_window_blocks, resync_miss_rate)
-        self._owners: dict[int, int] = {}
+        # Hash -> bitmask of the replicas holding it, sharded (see approx_blocks).
         self._replicas: dict[str, ReplicaBlocks] = {}
-        self._names: dict[int, str] = {}  # bit index -> replica name
 
     def __len__(self) -> int:
         return sum(r.size for r in self._replicas.values())
@@ -303,11 +273,9 @@ class PrefixIndex:
             return r
         if len(self._replicas) >= self.max_replicas:
             raise CacheIndexError(f"more than {self.max_replicas} replicas")
-        index = next(i for i in range(self.max_replicas) if i not in self._names)
         cap, approx = self._capacities(self.default_capacity)
-        r = ReplicaBlocks(1 << index, self._owners, cap, approx, *self._resync)
+        r = ReplicaBlocks(cap, approx, *self._resync)
         self._replicas[name] = r
-        self._names[index] = name
         return r
 
     def _capacities(self, blocks: int) -> tuple[int, int]:
@@ -334,12 +302,11 @@ class PrefixIndex:
         return {name: r.stats() for name, r in self._replicas.items()}
 
     def remove_replica(self, name: str) -> None:
-        """Forget `name` and everything it held; its bit is reused."""
+        """Forget `name` and everything it held; its slot is reused."""
         r = self._replicas.pop(name, None)
         if r is None:
             return
         r.clear(precise=False)
-        del self._names[r.bit.bit_length() - 1]
 
     def record_routed(self, replica: str, block_hashes: Sequence[int], now: float) -> None:
         """The gateway sent these blocks to `replica`: assume them cached (approximate mode).
@@ -371,35 +338,23 @@ class PrefixIndex:
 
     def _enforce_total(self) -> None:
         excess = len(self) - self.max_total_blocks
-        while excess > 0:
+        # Bounded: what a call cannot evict within its scan budget waits for the next call.
+        for _ in range(len(self._replicas)):
+            if excess <= 0:
+                return
             biggest = max(self._replicas.values(), key=lambda r: r.size)
-            n = min(excess, biggest.size)
-            biggest.evict(n)
-            excess -= n
+            removed = biggest.evict(min(excess, biggest.size))
+            if not removed:
+                return
+            excess -= removed
 
     def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
         """Replica -> number of consecutive leading blocks it holds (replicas with >= 1)."""
         out: dict[str, int] = {}
         if not block_hashes:
             return out
-        get = self._owners.get
-        alive = get(block_hashes[0], 0)
-        depth = 1
-        if alive:
-            for h in islice(block_hashes, 1, None):
-                held = alive & get(h, 0)
-                if held != alive:
-                    self._emit(alive & ~held, depth, out)
-                    alive = held
-                    if not alive:
-                        break
-                depth += 1
-            self._emit(alive, depth, out)
+        for name, r in self._replicas.items():
+            depth = r.depth(block_hashes)
+            if depth:
+                out[name] = depth
         return out
-
-    def _emit(self, bits: int, depth: int, out: dict[str, int]) -> None:
-        names = self._names
-        while bits:
-            low = bits & -bits
-            out[names[low.bit_length() - 1]] = depth
-            bits ^= low

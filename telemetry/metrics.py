@@ -203,6 +203,13 @@ class _SharedState(Collector):
             )
             leases.add_metric([], row["scrape_leases"])
             yield leases
+        if "inflight_remote" in row:
+            remote = GaugeMetricFamily(
+                "llm_gateway_shared_state_remote_inflight",
+                "Other processes' requests in flight whose prefixes this process follows.",
+            )
+            remote.add_metric([], row["inflight_remote"])
+            yield remote
         for name, key, text in (
             ("failed_ops", "failed_ops", "Redis operations that failed or timed out."),
             ("late_ops", "late_ops", "Timeouts within late_grace_s: decided alone, kept up."),
@@ -213,6 +220,8 @@ class _SharedState(Collector):
             ("scrapes_published", "scrapes_published", "Scrape results published to the others."),
             ("scrapes_applied", "scrapes_applied", "Other processes' scrape results applied here."),
             ("scrapes_stale", "scrapes_stale", "Scrape results older than the local one: ignored."),
+            ("inflight_published", "inflight_told", "Requests in flight told to the others."),
+            ("inflight_applied", "inflight_applied", "Other processes' requests in flight held."),
         ):
             if key not in row:
                 continue  # scrapes not shared ([shared_state] share_scrapes off)

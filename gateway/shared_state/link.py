@@ -1,12 +1,31 @@
-"""What identifies a process to the others, the counters of its link to Redis, and when a run
-of late round trips counts as the link being down."""
+"""What identifies a process to the others, the counters of its link to Redis, what a round
+trip may raise, and when a run of late round trips counts as the link being down."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
 from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# What a Redis call may raise besides CancelledError (never caught): its errors, a socket's,
+# and our own deadline.
+FAILURES = (RedisError, OSError, TimeoutError)
+# Late, not refused: within late_grace_s these leave the link up.
+TIMEOUTS = (TimeoutError, RedisTimeoutError)
+
+
+def reraise_cancel() -> None:
+    """Raise CancelledError if the current task is being cancelled."""
+    # A client library may turn our cancellation into its own error, or (asyncio.wait_for on
+    # 3.11) return a result it raced with: never swallow it.
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @dataclass(slots=True)

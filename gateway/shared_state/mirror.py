@@ -52,13 +52,17 @@ def encode(
     outcomes: Sequence[Outcome],
     ejections: Sequence[Ejection] = (),
     scrapes: Sequence[Any] = (),
+    inflight: Sequence[Any] = (),
 ) -> bytes:
-    """One pub/sub message: the origin process, its outcomes, ejections and scrape results."""
+    """One pub/sub message: the origin process, its outcomes, ejections, scrape results and
+    requests in flight started and ended."""
     msg: dict[str, Any] = {"o": origin, "e": outcomes}
     if ejections:
         msg["j"] = [(e.replica, e.reason, e.duration_s, e.count) for e in ejections]
     if scrapes:
         msg["s"] = scrapes  # shared_state/scrapes.py: checked one by one where applied
+    if inflight:
+        msg["f"] = inflight  # shared_state/inflight.py: checked one by one where applied
     return orjson.dumps(msg)
 
 
@@ -69,6 +73,11 @@ def decode(data: bytes) -> tuple[str, list[Any], list[Ejection]]:
 
 def decode_message(data: bytes) -> tuple[str, list[Any], list[Ejection], list[Any]]:
     """decode's answer and the message's raw scrape results."""
+    return decode_full(data)[:4]
+
+
+def decode_full(data: bytes) -> tuple[str, list[Any], list[Ejection], list[Any], list[Any]]:
+    """decode_message's answer and the message's raw in-flight starts and ends."""
     msg = orjson.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("o"), str):
         raise ValueError("not a shared-state message")
@@ -88,7 +97,10 @@ def decode_message(data: bytes) -> tuple[str, list[Any], list[Ejection], list[An
     scrapes = msg.get("s", [])
     if not isinstance(scrapes, list):
         raise ValueError("malformed scrape results")
-    return msg["o"], events, ejections, scrapes
+    inflight = msg.get("f", [])
+    if not isinstance(inflight, list):
+        raise ValueError("malformed requests in flight")
+    return msg["o"], events, ejections, scrapes, inflight
 
 
 def split(

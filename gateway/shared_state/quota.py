@@ -15,8 +15,9 @@ import asyncio
 import time
 
 from gateway.proxy.quota import Limits, LocalQuotaStore, Refusal
+from gateway.shared_state.link import FAILURES
 from gateway.shared_state.scripts import SHAS
-from gateway.shared_state.state import FAILURES, SharedState
+from gateway.shared_state.state import SharedState
 
 
 class RedisQuotaStore:

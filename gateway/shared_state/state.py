@@ -1,8 +1,9 @@
 """The shared state component: one Redis connection pool per process and its background loops.
 
 Nothing on a request's routing path reads Redis. Each process publishes its routing outcomes
-(batched, pipelined) and applies the others' to its own cache index (`mirror.py`); its
-in-flight counts are a lease (a hash with a TTL) the others read every `inflight_poll_s`.
+(batched, pipelined) and applies the others' to its own cache index (`mirror.py`), and the
+prefixes of its requests in flight from the pick on (`inflight.py`); its in-flight counts
+are a lease (a hash with a TTL) the others read every `inflight_poll_s`.
 While Redis is down or slow every process routes from what it holds; one log line says so,
 one says when sharing is back (re-subscribed, leases rewritten, tier-1 state re-read).
 """
@@ -18,8 +19,6 @@ from collections.abc import Callable, Mapping
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from gateway.proxy.affinity import Affinity
@@ -27,27 +26,21 @@ from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap, writes
 from gateway.shared_state.config import SharedStateConfig
-from gateway.shared_state.link import Lateness, SharedStats, default_process_id
-from gateway.shared_state.mirror import Mirror, decode_message
+from gateway.shared_state.inflight import SharedInflight
+from gateway.shared_state.link import (
+    FAILURES,
+    TIMEOUTS,
+    Lateness,
+    SharedStats,
+    default_process_id,
+    reraise_cancel,
+)
+from gateway.shared_state.mirror import Mirror, decode_full
 from gateway.shared_state.scrapes import ScrapeLeases
-from gateway.shared_state.scripts import ALL, SHAS, Keys
+from gateway.shared_state.scripts import ALL, Keys
 from routing.types import RequestFeatures
 
 log = logging.getLogger("llm_gateway.shared_state")
-
-# What a Redis call may raise besides CancelledError (never caught): its errors, a socket's,
-# and our own deadline.
-FAILURES = (RedisError, OSError, TimeoutError)
-# Late, not refused: within late_grace_s these leave the link up.
-TIMEOUTS = (TimeoutError, RedisTimeoutError)
-
-
-def _reraise_cancel() -> None:
-    # A client library may turn our cancellation into its own error, or (asyncio.wait_for on
-    # 3.11) return a result it raced with: never swallow it.
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class SharedState:
@@ -73,6 +66,11 @@ class SharedState:
         if cfg.share_scrapes:
             self.scrapes = ScrapeLeases(cfg, self.keys, self.process_id, pool, self._wake)
         self.up = False
+        # The others follow this process's new prefixes from its pick, as it does itself.
+        self.inflight = SharedInflight(
+            affinity.inflight.max_requests, cfg.lease_ttl_s, cfg.max_event_blocks, self._wake
+        )
+        affinity.inflight = self.inflight
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[writes.Settle] = deque(maxlen=cfg.max_pending)
         self._ejections: deque[Ejection] = deque(maxlen=cfg.max_pending)
@@ -170,7 +168,7 @@ class SharedState:
         for task in self._tasks:
             task.cancel()
         self._tasks = []
-        self.up = False
+        self.up = self.inflight.sharing = False
 
     # --- up and down ---------------------------------------------------------------------
 
@@ -182,7 +180,7 @@ class SharedState:
             self.stats.late_ops += 1
         else:
             self._mark_down(what, exc)
-        _reraise_cancel()
+        reraise_cancel()
 
     def answered(self) -> None:
         """A round trip was answered in time: a run of late ones is over."""
@@ -195,7 +193,8 @@ class SharedState:
         if self._down.is_set():
             return
         was_up = self.up
-        self.up = False
+        self.up = self.inflight.sharing = False
+        self.inflight.lost()
         self._up.clear()
         self._down.set()
         self.stats.downs += 1
@@ -225,10 +224,10 @@ class SharedState:
                 await pipe.execute()
         except FAILURES:
             self.stats.failed_ops += 1
-            _reraise_cancel()
+            reraise_cancel()
             return
         recovered = self._down.is_set()
-        self.up = True
+        self.up = self.inflight.sharing = True
         self._down.clear()
         self._up.set()
         try:
@@ -278,7 +277,7 @@ class SharedState:
                 self.answered()
             except FAILURES as exc:
                 self.failed("flush", exc)
-            _reraise_cancel()
+            reraise_cancel()
 
     async def _flush(self) -> None:
         outcomes = writes.drain_outcomes(self._pending, self.cfg.max_event_blocks)
@@ -286,17 +285,20 @@ class SharedState:
         self._settles.clear()
         self._ejections.clear()
         scrapes = self.scrapes.drain() if self.scrapes is not None else []
-        if not outcomes and not settles and not ejections and not scrapes:
+        inflight = self.inflight.drain()
+        if not outcomes and not settles and not ejections and not scrapes and not inflight:
             return
         keys, pid = self.keys, self.process_id
         pipe = self.redis.pipeline(transaction=False)
-        first = writes.queue_messages(pipe, keys, pid, outcomes, ejections, scrapes)
+        first = writes.queue_messages(pipe, keys, pid, outcomes, ejections, scrapes, inflight)
         merges = writes.queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
         writes.queue_settles(pipe, keys, pid, settles)
         results = await pipe.execute()
         for applied_rejected in results[first : first + merges]:
             self.stats.rejected_stale += int(applied_rejected[1])
         self.stats.published += len(outcomes)
+        if self.inflight.pending:  # more than one flush carries: the rest go at once
+            self._has_pending.set()
 
     async def _poller(self) -> None:
         while not self._stopping:
@@ -307,7 +309,8 @@ class SharedState:
                 self.answered()
             except FAILURES as exc:
                 self.failed("in-flight", exc)
-            _reraise_cancel()
+            reraise_cancel()
+            self.inflight.expire(time.monotonic())
             await asyncio.sleep(self._poll_interval())
 
     def _poll_interval(self) -> float:
@@ -325,19 +328,7 @@ class SharedState:
         now = time.monotonic()
         leases = self.scrapes if self.scrapes is not None and self.scrapes.claim_due(now) else None
         pipe = self.redis.pipeline(transaction=False)
-        pipe.evalsha(
-            SHAS["beat"],
-            2 + len(held),
-            keys.procs,
-            keys.inflight(pid),
-            *(keys.quota(t)[1] for t in held),
-            pid,
-            lease_ms,
-            keys.inflight_base,
-            len(counts),
-            *(x for pair in counts for x in pair),
-            *held.values(),
-        )
+        writes.queue_beat(pipe, keys, pid, lease_ms, counts, held)
         if leases is not None:
             leases.queue_claim(pipe)
         results = await pipe.execute()
@@ -374,12 +365,15 @@ class SharedState:
 
     def _on_message(self, data: bytes) -> None:
         try:
-            origin, raws, ejections, scrapes = decode_message(data)
+            origin, raws, ejections, scrapes, inflight = decode_full(data)
         except ValueError:
             self.mirror.stats.malformed += 1
             return
         if origin != self.process_id:
             self.mirror.apply_raw(raws)
+            if inflight:
+                bad = self.inflight.apply(origin, inflight, self.pool.replicas)
+                self.mirror.stats.malformed += bad
             for ejection in ejections:
                 self.pool.adopt_ejection(ejection)
             if scrapes and self.scrapes is not None:
@@ -397,5 +391,8 @@ class SharedState:
             "stale_local": m.stale,
             "rejected_stale": s.rejected_stale,
             "peers": s.peers,
+            "inflight_remote": self.inflight.remote_count(),
+            "inflight_told": self.inflight.told,
+            "inflight_applied": self.inflight.applied,
             **(self.scrapes.row() if self.scrapes is not None else {}),
         }

@@ -44,14 +44,15 @@ def queue_messages(
     outcomes: list[Outcome],
     ejections: Sequence[Ejection],
     scrapes: Sequence[Any],
+    inflight: Sequence[Any] = (),
 ) -> int:
-    """The flush's pub/sub messages (ejections and scrape results ride in the first);
-    returns how many were queued."""
+    """The flush's pub/sub messages (ejections, scrape results and requests in flight ride in
+    the first); returns how many were queued."""
     messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
-        ejections or scrapes
+        ejections or scrapes or inflight
     )
     for n, part in enumerate(messages):
-        first_ones = (ejections, scrapes) if n == 0 else ((), ())
+        first_ones = (ejections, scrapes, inflight) if n == 0 else ((), (), ())
         pipe.publish(keys.channel, encode(process_id, part, *first_ones))
     return len(messages)
 
@@ -105,3 +106,28 @@ def queue_outcomes(
             pipe.zremrangebyrank(key, 0, -cfg.max_blocks_per_replica - 1)
             pipe.pexpire(key, history_ms)
     return merges
+
+
+def queue_beat(
+    pipe: Pipeline,
+    keys: Keys,
+    process_id: str,
+    lease_ms: int,
+    counts: Sequence[tuple[str, int]],
+    held: dict[str, int],
+) -> None:
+    """The beat script: rewrite this process's in-flight lease (and quota slots it holds) and
+    read the others' leases, in one round trip."""
+    pipe.evalsha(
+        SHAS["beat"],
+        2 + len(held),
+        keys.procs,
+        keys.inflight(process_id),
+        *(keys.quota(t)[1] for t in held),
+        process_id,
+        lease_ms,
+        keys.inflight_base,
+        len(counts),
+        *(x for pair in counts for x in pair),
+        *held.values(),
+    )

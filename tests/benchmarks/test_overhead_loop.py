@@ -10,10 +10,12 @@ async def test_no_callback_holds_the_loop_over_1_ms_per_request() -> None:
     for r in rows:
         # A request is several callbacks (its task's steps, its sockets' reads): all timed.
         assert r.callbacks > 2 * r.requests
-        # One in a thousand may pass the limit: on two shared cores a hyperthread sibling's
-        # load can double a callback's CPU time (seen once: a 2.4 ms socket read, with the
-        # usual maximum 0.7 ms). A blocking step is in every request (the test below).
-        assert r.over_limit <= r.callbacks // 1000, (r.concurrency, LIMIT_MS, r.slow)
+        # A few in a thousand may pass the limit: on two shared cores a hyperthread sibling's
+        # load can double a callback's CPU time (seen: a 2.4 ms socket read, with the usual
+        # maximum 0.7 ms; in a clean-clone CI run, 4 request steps of 1.03-1.18 ms among 3,431
+        # callbacks). A blocking step is in every request (the test below): over one in ten.
+        assert r.p99_ms < LIMIT_MS, (r.concurrency, r.slow)
+        assert r.over_limit <= r.callbacks // 200, (r.concurrency, LIMIT_MS, r.slow)
 
 
 async def test_a_blocking_step_in_a_request_is_caught_and_named() -> None:
