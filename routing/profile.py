@@ -125,6 +125,9 @@ _AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
 # flight on real vLLM a common system prompt's first holder drew every new conversation (half
 # the requests on one of 4 replicas); with it every round stayed within 1.5x max/min share at
 # the same hit rate (benchmarks/results/2026-12-02-share-bound-vllm-cpu/analysis.md).
+# New prefixes go to the replica that started the fewest within 4 requests of the least load:
+# with a band of 1, real vLLM's uneven prefill times kept one replica out of reach while others
+# took 6 of 20 groups (benchmarks/results/2026-12-05-start-balance).
 _GUARD = PluginSpec(
     "affinity_guard",
     params={
@@ -134,6 +137,7 @@ _GUARD = PluginSpec(
         "share_window": 256,
         "inflight": 0.5,
         "join_slack": 1.0,
+        "share_band": 4.0,
     },
 )
 _LOAD_SCORERS = (

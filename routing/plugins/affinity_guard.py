@@ -10,7 +10,7 @@ last share_window picks <= mean + w x ((share_ratio - 1) x mean + share_slack) (
 too with share_all, and affinity). While the guard cannot bind, a new conversation skips a holder
 with over join_slack more new conversations than the fewest's unless first to join that prefix
 there. 3. A holder failed: "share_guard" or "load_guard"; 4. none held: "miss_by_load": the best
-total within the guards, while the guard cannot bind of the fewest (new) picks near least load.
+total within the guards (unbound: fewest picks, or prefixes started, within share_band of least).
 """
 
 from __future__ import annotations

@@ -200,9 +200,13 @@ def test_default_profile_places_a_miss_by_load_and_a_hit_on_its_holder() -> None
 
 def test_default_profile_without_cache_data_is_load_balancing() -> None:
     router = Router(BUILTIN_PROFILES["default"])
-    fleet = [replica(n, in_flight=x) for n, x in (("a", 2), ("b", 0), ("c", 5))]
+    fleet = [replica(n, in_flight=x) for n, x in (("a", 6), ("b", 0), ("c", 9))]
     decisions = [router.route(REQUEST, fleet) for _ in range(5)]
     assert {(d.replica.name, d.branch) for d in decisions} == {("b", "miss_by_load")}
+    # Within 4 requests of the least load (share_band), new prefixes go by how many each
+    # replica started: b took the last 5, so a, 2 more in flight, takes the next.
+    near = [replica(n, in_flight=x) for n, x in (("a", 2), ("b", 0), ("c", 9))]
+    assert router.route(REQUEST, near).replica.name == "a"
 
 
 def test_round_robin_profile_rotates_without_scores() -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
-from routing import PLUGINS, ReplicaSnapshot, RequestFeatures
+from routing import BUILTIN_PROFILES, PLUGINS, ReplicaSnapshot, RequestFeatures
 from routing.share import Shares, ShareWindow
 from routing.types import Branch
 from tests.routing.replicas import MODEL, replica
@@ -145,3 +146,49 @@ def test_a_replica_busier_than_the_band_takes_no_new_prefix() -> None:
     fleet = [replica("a", in_flight=0), replica("b", in_flight=2)]
     request = RequestFeatures(model=MODEL, block_hashes=(1,), block_tokens=32)
     assert {picker.pick(request, fleet, [3.0, 2.0]).index for _ in range(8)} == {0}
+
+
+def test_new_prefixes_go_where_the_fewest_were_started_not_the_fewest_conversations() -> None:
+    # Replica a started 2 prefixes and took 1 joiner since (3 new conversations); b started 3
+    # whose joiners have not come yet (3 too). A count of conversations ties them; the next
+    # new prefix goes to a, which started fewer, whatever b's later joiners bring.
+    window = ShareWindow(64, join_slack=1.0)
+    for name, joined in (("a", None), ("a", None), ("a", 7), ("b", None), ("b", None)):
+        window.record(name, new=True, prefix=joined)
+    window.record("b", new=True)
+    window.record("c", new=False)  # a later turn (affinity): neither a start nor a join
+    joins = window.joins(_fleet()[:3])
+    assert joins is not None and joins.count(0) == joins.count(1) == 3
+    assert joins.evenly([0, 1], [0.0, 0.0, 0.0], band=4.0) == [0]
+    # c started nothing: it is the fewest, unless its load is past the band.
+    assert joins.evenly([0, 1, 2], [0.0, 0.0, 0.0], band=4.0) == [2]
+    assert joins.evenly([0, 1, 2], [0.0, 1.0, 5.0], band=4.0) == [0]
+
+
+def test_staggered_joiners_leave_every_replica_the_same_number_of_groups() -> None:
+    # 20 groups of 2 users, 4 in flight (the real-vLLM replay): each group's second user comes
+    # two groups later and joins its first's replica. b is busy with a slow prefill at 9 of 10
+    # new groups (2 in flight, the others 0 or 1): within the default band of 4 it still gets
+    # its 5 (with a band of 1 it got 1, the others 6, 6 and 7).
+    picker = PLUGINS["affinity_guard"].build(
+        {**BUILTIN_PROFILES["default"].picker.params, "seed": 0}
+    )
+    fleet, home = _fleet(), dict[int, str]()
+    for step in range(22):
+        loads = [0, 2 if step % 10 else 0, 1, 0]
+        reps = [dataclasses.replace(r, in_flight=x) for r, x in zip(fleet, loads, strict=True)]
+        for g, second in ((step, False), (step - 2, True)):
+            if not 0 <= g < 20:
+                continue
+            request = RequestFeatures(
+                model=MODEL, block_hashes=tuple(range(100 * g, 100 * g + 50)),
+                prefix_match={home[g]: 50} if second else {}, block_tokens=32,
+                prompt_tokens=50 * 32,
+            )  # fmt: skip
+            pick = picker.pick(request, reps, [1.0] * 4)
+            name = reps[pick.index].name
+            if second:
+                assert name == home[g] and pick.branch == Branch.PREFIX_HIT
+            else:
+                home[g] = name
+    assert sorted(Counter(home.values()).values()) == [5, 5, 5, 5]
