@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -239,6 +239,10 @@ class ScoreLoopConfig:
     # Sustained scrapes per replica, whatever the cadence wants (bursts of 4 s of it).
     max_scrapes_per_s: float = 1.0
     scrape_timeout_s: float = 0.5
+    # vLLM's cheap GET /load between scrapes (--enable-server-load-tracking): this often while
+    # the replica has work or the gateway routes, else at the idle bound; 0 = never.
+    load_interval_s: float = 0.25
+    load_timeout_s: float = 0.5
     # A scrape this late (past the interval the loop chose) starts losing trust, linearly,
     # down to none at 5x this late; data the loop chose not to refresh keeps it.
     stale_after_s: float = 1.0
@@ -250,17 +254,12 @@ class ScoreLoopConfig:
     nvml: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in (
-            "scrape_interval_s",
-            "steady_scrape_interval_s",
-            "idle_scrape_interval_s",
-            "max_scrapes_per_s",
-            "scrape_timeout_s",
-            "stale_after_s",
-            "latency_window_s",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
+        # Every duration and rate must be > 0 but these: /load may be off, heartbeats unchecked.
+        for f in fields(self):
+            if f.type == "float" and f.name not in ("load_interval_s", "heartbeat_stale_s"):
+                _positive(f.name, getattr(self, f.name))
+        if self.load_interval_s < 0:
+            raise ValueError("load_interval_s must be >= 0")
         if self.nvml not in ("auto", "off"):
             raise ValueError(f"nvml must be 'auto' or 'off', got {self.nvml!r}")
 

@@ -22,6 +22,7 @@ from gateway.proxy.upstream import make_session
 from gateway.replicas.gpu import Nvml
 from gateway.replicas.health import HealthChecker
 from gateway.replicas.kv_subscriber import KvEventSubscriber
+from gateway.replicas.load_probe import LoadProbe
 from gateway.replicas.pool import ReplicaPool
 from gateway.replicas.score_loop import ScoreLoop
 from gateway.replicas.state import ReplicaState
@@ -159,6 +160,7 @@ class Runtime:
         self._tg = tg = asyncio.TaskGroup()
         await self._stack.enter_async_context(tg)
         self._checker, self._scores = checker, scores
+        self.loads = LoadProbe(self.config.score_loop, session)
         self.kv_events = KvEventSubscriber(self.affinity.prefixes, session)
         for replica in self.pool:
             self._start_loops(replica)
@@ -181,6 +183,8 @@ class Runtime:
         tg = self._tg
         tasks = [tg.create_task(self._health_loop(self._checker, replica))]
         tasks.append(tg.create_task(self._scores.run(replica)))
+        if self.loads.enabled:
+            tasks.append(tg.create_task(self.loads.run(replica)))
         if replica.config.kv_events:
             tasks.append(tg.create_task(self.kv_events.run(replica)))
         self._replica_tasks[replica.name] = tasks

@@ -35,6 +35,10 @@ class Faults:
     slow_start_seconds: float = 0.0
     dead: bool = False
     out_of_kv: bool = False
+    # /load as vLLM 0.32 serves it without --enable-server-load-tracking ({"server_load": 0}
+    # always), or absent (404) as a build without the route.
+    load_untracked: bool = False
+    load_absent: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.error_rate <= 1.0:

@@ -45,7 +45,10 @@ async def ping(request: web.Request) -> web.Response:
 
 
 async def load(request: web.Request) -> web.Response:
-    return json_response({"server_load": replica_of(request).inflight})
+    rep = replica_of(request)
+    if rep.faults.load_absent:
+        return json_response({"detail": "Not Found"}, status=404)  # FastAPI's unknown route
+    return json_response({"server_load": 0 if rep.faults.load_untracked else rep.inflight})
 
 
 async def version(request: web.Request) -> web.Response:

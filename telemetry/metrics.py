@@ -86,6 +86,16 @@ class _LiveGauges(Collector):
             "Seconds the score loop planned from the last good scrape to the next.",
             labels=["replica"],
         )
+        foreign = GaugeMetricFamily(
+            "llm_gateway_replica_foreign_in_flight",
+            "Requests vLLM's /load counts on the replica beyond every gateway process's own.",
+            labels=["replica"],
+        )
+        probes = CounterMetricFamily(
+            "llm_gateway_replica_load_probes",
+            "Reads of the replica's /load sent by the load probe, failed ones included.",
+            labels=["replica"],
+        )
         gpu_mem = GaugeMetricFamily(
             "gpu_vram_used_ratio",
             "GPU memory in use on the replica (heartbeat or NVML), 0..1.",
@@ -126,6 +136,8 @@ class _LiveGauges(Collector):
             scrapes.add_metric(name, row.get("scrapes_total", 0))
             if row.get("scrape_interval_s"):
                 interval.add_metric(name, row["scrape_interval_s"])
+            foreign.add_metric(name, row.get("foreign_in_flight", 0))
+            probes.add_metric(name, row.get("load_probes_total", 0))
             if row["gpu_mem_used_frac"] is not None:
                 gpu_mem.add_metric(name, row["gpu_mem_used_frac"])
                 gpu_util.add_metric(name, row["gpu_util"])
@@ -137,7 +149,7 @@ class _LiveGauges(Collector):
         for (model, bucket), depth in self._queue_depth().items():
             queue.add_metric([model, bucket], depth)
         yield from (in_flight, healthy, freshness, age, scrapes, interval, gpu_mem, gpu_util, queue)
-        yield from (ejected, admit, ejections, kv_usage, drained)
+        yield from (ejected, admit, ejections, kv_usage, drained, foreign, probes)
 
     @staticmethod
     def _outlier_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:

@@ -267,6 +267,8 @@ class ReplicaPool:
                 "freshness": r.freshness(now),
                 "scrapes_total": r.scrapes_total,
                 "scrape_interval_s": r.scrape_interval_s,
+                "foreign_in_flight": r.foreign_in_flight,
+                "load_probes_total": r.load_probes_total,
                 "gpu_mem_used_frac": r.gpu_mem_used_frac,
                 "gpu_util": r.gpu_util,
                 "kv_usage": r.metrics.kv_usage if r.metrics is not None else None,

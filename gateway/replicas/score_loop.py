@@ -236,6 +236,10 @@ class ScoreLoop:
         replica.scraped_at = now
         # Load between scrapes = scraped + the gateway's own changes since (see snapshot()).
         replica.in_flight_at_scrape = replica.in_flight
+        # foreign_in_flight stays: it feeds the snapshot's in_flight, never running/waiting,
+        # and the router takes the larger of in_flight and the scraped load (routing.scoring
+        # .load), so a foreign request both show counts once; cleared, it would hide until
+        # two more /load reads what the scrape itself just confirmed.
         if m.running_adapters or replica.loaded_adapters:
             replica.loaded_adapters = m.running_adapters
         history = self._history.setdefault(replica.name, deque())
@@ -272,5 +276,6 @@ class ScoreLoop:
 
 def _ours(replica: ReplicaState) -> int:
     # Every gateway process's requests (the others' as of the last in-flight poll): another
-    # process's burst is the gateway's own load, no surprise to scrape for.
-    return replica.in_flight + replica.remote_in_flight
+    # process's burst is the gateway's own load, no surprise to scrape for; so is another
+    # client's that /load already told (load_probe.py).
+    return replica.in_flight + replica.remote_in_flight + replica.foreign_in_flight

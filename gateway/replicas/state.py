@@ -26,6 +26,10 @@ class ReplicaState:
     in_flight: int = 0
     # Other gateway processes' requests in flight here (shared state's leases; 0 alone).
     remote_in_flight: int = 0
+    # Requests vLLM's /load counts beyond every gateway process's own (other clients), as
+    # two consecutive reads agree (load_probe.py); 0 while not probed.
+    foreign_in_flight: int = 0
+    load_probes_total: int = 0
     # Model cards from the replica's /v1/models (base model and LoRA adapters).
     model_cards: tuple[dict[str, Any], ...] = ()
     models: frozenset[str] = frozenset()
@@ -104,6 +108,7 @@ class ReplicaState:
         key = (
             self.in_flight,
             self.remote_in_flight,
+            self.foreign_in_flight,
             self.healthy and not self.drained,
             self.queued_prefill_tokens,
             self.cached_blocks,
@@ -145,9 +150,10 @@ class ReplicaState:
             weight=self.config.weight,
             labels=self.config.labels,
             healthy=self.healthy and not self.drained,
-            # The router balances every process's load; the scrape deltas above stay this
-            # process's own (the others' arrivals reach vLLM's counts by the next scrape).
-            in_flight=self.in_flight + self.remote_in_flight,
+            # The router balances every process's load, and other clients' as /load tells it;
+            # the scrape deltas above stay this process's own (the others' arrivals reach
+            # vLLM's counts by the next scrape).
+            in_flight=self.in_flight + self.remote_in_flight + self.foreign_in_flight,
             running=running,
             waiting=waiting,
             kv_usage=kv,

@@ -40,6 +40,8 @@ FAULT_FIELDS = {
     "slow_start_seconds": 0.0,
     "dead": False,
     "out_of_kv": False,
+    "load_untracked": False,
+    "load_absent": False,
 }
 
 

@@ -117,7 +117,12 @@ async def metric(client: httpx.AsyncClient, url: str, name: str, **labels: str) 
     """Sum of the samples of `name` on a replica's /metrics that carry all of `labels`."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = (await client.get(url + "/metrics")).text
+    try:
+        text = (await client.get(url + "/metrics")).text
+    except httpx.RemoteProtocolError:
+        # A kept-alive connection the server closed as this request went out (seen once in
+        # a full run: "Server disconnected without sending a response"): a new one answers.
+        text = (await client.get(url + "/metrics")).text
     return sum(
         s.value
         for fam in text_string_to_metric_families(text)

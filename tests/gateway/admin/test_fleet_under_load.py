@@ -75,7 +75,8 @@ async def test_add_then_remove_under_load_drops_no_stream(fleet3: SimFleet) -> N
             await eventually(lambda: sim2.in_flight > 0, what="streams open on sim-2")
             open_at_delete = sim2.in_flight
             loops = list(gw.runtime._replica_tasks["sim-2"])
-            assert len(loops) == 2 and not any(t.done() for t in loops)
+            # Health checks, the score loop and the /load probe.
+            assert len(loops) == 3 and not any(t.done() for t in loops)
             t0 = time.monotonic()
             r = await admin.delete("/admin/replicas/sim-2")
             assert r.status_code == 200, r.text
