@@ -133,8 +133,8 @@ class Joins(Shares):
         """Those of `among` within `band` of their least load that started the fewest prefixes,
         of those the fewest new conversations."""
         # Prefixes started, not conversations: a group's later joiners arrive a while after its
-        # first, so a count of conversations lags, and lets one replica take 6 of 20 groups and
-        # another 3 (real vLLM, 4 in flight: benchmarks/results/2026-12-05-start-balance).
+        # first, so a count of conversations lags and can tie a replica that started more groups
+        # with one that started fewer (benchmarks/results/2026-12-05-start-balance).
         floor = min(loads[i] for i in among) + band
         near = [i for i in among if loads[i] <= floor]
         starts = self._starts
