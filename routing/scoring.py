@@ -107,6 +107,16 @@ def held(
     return cached
 
 
+def outheld(request: RequestFeatures, name: str) -> bool:
+    """True when some replica holds (cached or in flight) over twice the leading blocks of the
+    request that replica `name` holds: an affinity there would miss what is cached elsewhere."""
+    # A session or prompt-cache entry outlives the cache it pointed at (evicted, or a user whose
+    # prompts moved to another holder): followed, it turns a hit elsewhere into a miss.
+    own = max(request.prefix_match.get(name, 0), request.inflight_match.get(name, 0))
+    best = max((*request.prefix_match.values(), *request.inflight_match.values()), default=0)
+    return best > 2 * own
+
+
 def load(r: ReplicaSnapshot) -> float:
     """Requests on the replica: the gateway's in-flight count, or vLLM's running + waiting.
 

@@ -133,7 +133,10 @@ def shared_prefix(
     def req(r: random.Random, rid: str, g: int) -> BenchRequest:
         u = r.randrange(users)
         msgs = (("system", systems[g]), ("user", _WORDS.text(r, question)))
-        return BenchRequest(rid, msgs, output, f"g{g}", f"g{g}-u{u}")
+        # The seed in the session id: a contender serves every seed of a run in one process,
+        # and seed 0's user g2-u3 must not be seed 1's (its session would point at the replica
+        # holding seed 0's prompt for group 2, a miss behind every other seed's first).
+        return BenchRequest(rid, msgs, output, f"g{g}", f"{seed}-g{g}-u{u}")
 
     def stream() -> Iterator[BenchRequest]:
         r = random.Random(seed + 1)

@@ -1,16 +1,16 @@
 """Picker: stick to a replica that has the request's cache, while its load and share are in line.
 
-Load guard: load (routing.scoring.load) <= guard_ratio x mean load + guard_slack. 1. Affinity
-(request.affinity_replica) passing it: "prompt_cache_hit", "session", "prefix_home". 2. Holders
-(routing.scoring.held >= min_match_blocks: cached, or in flight with w >= inflight) by longest
-match, least load, fewest recent picks, highest total, at random; the first passing wins
-("prefix_hit"). A match filling s < full_allowance_share of the holder's KV cache earns w = s /
-full_allowance_share of the allowance above the least load and passes while its count of the
-last share_window picks <= mean + w x ((share_ratio - 1) x mean + share_slack) (full matches
-too with share_all, and affinity). While the guard cannot bind, a new conversation skips a holder
-with over join_slack more new conversations than the fewest's unless first to join that prefix
-there. 3. A holder failed: "share_guard" or "load_guard"; 4. none held: "miss_by_load": the best
-total within the guards (unbound: fewest picks, or prefixes started, within share_band of least).
+Load guard: scoring.load <= guard_ratio x mean load + guard_slack. 1. request.affinity_replica
+passing it, unless prefix_holders and out-held (scoring.outheld): "prompt_cache_hit", "session",
+"prefix_home". 2. Holders (scoring.held >= min_match_blocks; in flight counts with w >= inflight)
+by longest match, least load, fewest recent picks, top total, at random; the first passing wins
+("prefix_hit"). A match filling s < full_allowance_share of the holder's KV earns w = s /
+full_allowance_share of the allowance above the least load and passes while its count of the last
+share_window picks <= mean + w x ((share_ratio - 1) x mean + share_slack) (all, affinity too, with
+share_all). Unbound (the guard cannot bind), a new conversation skips a holder with over join_slack
+more new conversations than the fewest unless first to join its prefix there. 3. A holder failed:
+"share_guard" or "load_guard"; 4. none held: "miss_by_load": best total in the guards (unbound:
+fewest picks or starts in share_band of least).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.plugin import PluginFactory, param
-from routing.scoring import affinity_branch, allowance, choose, held, load, near_best
+from routing.scoring import affinity_branch, allowance, choose, held, load, near_best, outheld
 from routing.share import Shares, ShareWindow
 from routing.types import Branch, Pick, ReplicaSnapshot, RequestFeatures
 
@@ -82,12 +82,12 @@ class AffinityGuard:
         loads = [load(r) for r in replicas]
         limit = p.guard_ratio * sum(loads) / n + p.guard_slack
         shares = Shares(self._share.counts(replicas), p.share_ratio, p.share_slack)
-        bound, over, target = sum(loads) <= limit, set[int](), request.affinity_replica
-        joins = self._share.joins(replicas) if bound and target is None else None
+        bound, over, target = sum(loads) <= limit, set[int](), request.affinity_replica or ""
+        joins = self._share.joins(replicas) if bound and not target else None
         i = next((i for i, r in enumerate(replicas) if r.name == target), -1) if target else -1
         if i >= 0 and bound and p.share_all and shares.over(i):
             over.add(i)
-        elif i >= 0 and loads[i] <= limit:
+        elif i >= 0 and loads[i] <= limit and not (p.prefix_holders and outheld(request, target)):
             return Pick(i, affinity_branch(request))
         guarded, limits = i >= 0, [limit] * n
         if p.prefix_holders and (request.prefix_match or request.inflight_match):

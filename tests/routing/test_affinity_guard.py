@@ -56,12 +56,37 @@ def _pick(
             {"affinity_replica": "a", "affinity_kind": "session"},
             ("a", "session"),
         ),
-        # Affinity beats a longer prefix match elsewhere.
+        # Affinity beats a longer prefix match elsewhere, up to twice its own.
         (
             [1, 1, 1, 1],
             [0, 1, 0, 0],
-            {"affinity_replica": "a", "prefix_match": {"b": 4}},
+            {"affinity_replica": "a", "prefix_match": {"a": 2, "b": 4}},
             ("a", "prompt_cache_hit"),
+        ),
+        (
+            [1, 1, 1, 1],
+            [0, 1, 0, 0],
+            {
+                "affinity_replica": "a",
+                "affinity_kind": "session",
+                "inflight_match": {"a": 2},
+                "prefix_match": {"b": 4},
+            },
+            ("a", "session"),
+        ),
+        # Out-held: a session whose replica holds under half of what another holds of the
+        # prompt (its user's prompts moved, or its entry outlived the cache) goes to the holder.
+        (
+            [1, 1, 1, 1],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "affinity_kind": "session", "prefix_match": {"b": 4}},
+            ("b", "prefix_hit"),
+        ),
+        (
+            [1, 1, 1, 1],
+            [0, 1, 0, 0],
+            {"affinity_replica": "a", "prefix_match": {"a": 1, "c": 3}},
+            ("c", "prefix_hit"),
         ),
     ],
 )
@@ -446,3 +471,18 @@ def test_the_first_new_conversation_to_join_a_prefix_on_a_holder_is_never_copied
     assert _send(router, fleet, document) == "prefix_hit"  # a: 3 new, the fewest 0
     assert fleet[0].in_flight == 3
     assert _send(router, fleet, document) == "share_guard"
+
+
+def test_without_prefix_holders_an_out_held_session_still_sticks() -> None:
+    # The `session` profile's picker follows no holders: its sessions stay where they were.
+    reps = [replica(n, in_flight=1) for n in NAMES]
+    request = RequestFeatures(
+        model=MODEL,
+        block_hashes=(1, 2, 3, 4),
+        affinity_replica="a",
+        affinity_kind="session",
+        prefix_match={"b": 4},
+    )
+    picker = PLUGINS["affinity_guard"].build({"seed": 0, "prefix_holders": False})
+    pick = picker.pick(request, reps, [0.0, 1.0, 0.0, 0.0])
+    assert (reps[pick.index].name, pick.branch) == ("a", "session")

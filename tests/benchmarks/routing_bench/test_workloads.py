@@ -29,6 +29,14 @@ def test_same_seed_same_traffic_other_seed_other_traffic(name: str) -> None:
     assert [r.messages for r in _take(name, 3)] != [r.messages for r in _take(name, 4)]
 
 
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_sessions_of_one_seed_are_not_another_seeds(name: str) -> None:
+    # One gateway process serves every seed of a run: a session id seen again under another
+    # seed would carry the first seed's placement into traffic that shares none of its prompts.
+    sessions = [{r.session for r in _take(name, seed, 200)} - {None} for seed in (0, 1)]
+    assert not sessions[0] & sessions[1]
+
+
 @pytest.mark.parametrize("name", ["shared_prefix", "generated_shared_prefix", "multi_round_chat"])
 def test_working_set_is_70pct_of_fleet_and_several_replicas(name: str) -> None:
     wl = make_workload(name, SIZE, 0)
