@@ -34,6 +34,8 @@ class GatewayMode:
     127.0.0.2, ...: "hosts" of workers/hosts processes each, the load spread over them);
     shared_state: the processes share routing state through a real Redis started for them.
     request_log: one JSON record per request in the log, for `placements()`.
+    source: another checkout of the gateway the processes run from ("" = this one): two
+    builds side by side in one run, the same traffic for both.
     """
 
     label: str
@@ -44,6 +46,7 @@ class GatewayMode:
     hosts: int = 1
     shared_state: bool = False
     request_log: bool = False
+    source: str = ""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.workers < self.hosts or self.workers % self.hosts:
@@ -161,13 +164,14 @@ class GatewayContender:
 
     async def _spawn(self, cfg: Path, log: Path, workers: int) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+        repo = Path(self.mode.source) if self.mode.source else _REPO
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH")) if p)
         level = "info" if self.mode.request_log else "warning"
         argv = [sys.executable, "-m", "gateway.cli", "--log-level", level, "serve"]
         argv += ["-c", str(cfg)] + (["--workers", str(workers)] if workers > 1 else [])
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env, cwd=_REPO
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env, cwd=repo
             )
         self._procs.append(proc)
 

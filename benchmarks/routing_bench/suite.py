@@ -69,14 +69,15 @@ def variant_modes(path: Path) -> tuple[GatewayMode, ...]:
 
     Keys: `profile` (default "default"), `precise` (KV events; default false), `toml`
     (text appended to the generated configuration, e.g. a `[score_loop]` table), `workers`
-    and `hosts` (processes in all, over how many listen addresses; default 1 and 1) and
-    `shared_state` (the processes share state through a Redis started for them).
+    and `hosts` (processes in all, over how many listen addresses; default 1 and 1),
+    `shared_state` (the processes share state through a Redis started for them) and `source`
+    (another checkout the gateway runs from, e.g. a snapshot of the build before a change).
     """
     variants = tomllib.loads(path.read_text()).get("variants", {})
     modes = []
     for name, v in sorted(variants.items()):
         unknown = sorted(
-            set(v) - {"profile", "precise", "toml", "workers", "hosts", "shared_state"}
+            set(v) - {"profile", "precise", "toml", "workers", "hosts", "shared_state", "source"}
         )
         if unknown:
             raise ValueError(f"{path}: variants.{name}: unknown keys {', '.join(unknown)}")
@@ -89,6 +90,7 @@ def variant_modes(path: Path) -> tuple[GatewayMode, ...]:
                 workers=int(v.get("workers", 1)),
                 hosts=int(v.get("hosts", 1)),
                 shared_state=bool(v.get("shared_state")),
+                source=str(v.get("source", "")),
             )
         )
     return tuple(modes)

@@ -38,6 +38,8 @@ class Lease:
         self.released = True
         r = self.replica
         r.in_flight -= 1
+        if self.pool.on_in_flight is not None:
+            self.pool.on_in_flight()
         r.requests_total += 1
         if ok is None:
             return
@@ -62,6 +64,8 @@ class ReplicaPool:
     ejections: dict[str, dict[str, int]] = field(init=False)
     # Told of this process's own ejections (shared state passes them to the other processes).
     on_ejection: Callable[[Ejection], None] | None = None
+    # Told of each change of this process's in-flight counts (shared state pushes them).
+    on_in_flight: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self.configure_outlier(OutlierConfig())
@@ -128,6 +132,8 @@ class ReplicaPool:
     def acquire(self, name: str) -> Lease:
         replica = self.replicas[name]
         replica.in_flight += 1
+        if self.on_in_flight is not None:
+            self.on_in_flight()
         if self.outlier.ramping:
             self.outlier.routed(name, self.clock())
         return Lease(replica, self)

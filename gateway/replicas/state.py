@@ -24,7 +24,7 @@ class ReplicaState:
     gpu_stale_s: float = 10.0
     healthy: bool = False
     in_flight: int = 0
-    # Other gateway processes' requests in flight here (shared state's leases; 0 alone).
+    # Other gateway processes' requests in flight here (shared state's pushes and leases; 0 alone).
     remote_in_flight: int = 0
     # Requests vLLM's /load counts beyond every gateway process's own (other clients), as
     # two consecutive reads agree (load_probe.py); 0 while not probed.

@@ -24,11 +24,13 @@ class SharedStateConfig:
     late_grace_s: float = 1.0
     # Routing outcomes are batched for this long, then published and written in one pipeline.
     flush_interval_s: float = 0.01
-    # How often the other processes' in-flight counts are read (and this one's lease
-    # rewritten) while any process has a request in flight: the others' new requests are
-    # unseen for up to this long, and two processes then pick the same idle replica.
+    # A change of this process's in-flight counts reaches the others with the next flush,
+    # sent at most this long after it (shared_state/counts.py): until then they do not see
+    # this process's new requests, and two processes may pick the same idle replica.
     inflight_poll_s: float = 0.01
-    # The same while no process has anything in flight (each poll costs ~1 ms of CPU).
+    # How often this process's lease is rewritten and the others' read, busy or not: it heals
+    # pushed counts a lost message left wrong, and drops a dead process's (once its lease ran
+    # out, at the next beat). A beat costs ~0.2 ms of CPU here, ~0.05 ms in Redis (measured).
     inflight_idle_poll_s: float = 0.25
     # A process's in-flight lease (and quota slots) outlive its last write by this long.
     lease_ttl_s: float = 3.0

@@ -53,9 +53,10 @@ def encode(
     ejections: Sequence[Ejection] = (),
     scrapes: Sequence[Any] = (),
     inflight: Sequence[Any] = (),
+    counts: list[Any] | None = None,
 ) -> bytes:
-    """One pub/sub message: the origin process, its outcomes, ejections, scrape results and
-    requests in flight started and ended."""
+    """One pub/sub message: the origin process, its outcomes, ejections, scrape results,
+    requests in flight started and ended, and its in-flight counts."""
     msg: dict[str, Any] = {"o": origin, "e": outcomes}
     if ejections:
         msg["j"] = [(e.replica, e.reason, e.duration_s, e.count) for e in ejections]
@@ -63,6 +64,8 @@ def encode(
         msg["s"] = scrapes  # shared_state/scrapes.py: checked one by one where applied
     if inflight:
         msg["f"] = inflight  # shared_state/inflight.py: checked one by one where applied
+    if counts is not None:
+        msg["c"] = counts  # shared_state/counts.py: checked where applied
     return orjson.dumps(msg)
 
 
@@ -76,8 +79,11 @@ def decode_message(data: bytes) -> tuple[str, list[Any], list[Ejection], list[An
     return decode_full(data)[:4]
 
 
-def decode_full(data: bytes) -> tuple[str, list[Any], list[Ejection], list[Any], list[Any]]:
-    """decode_message's answer and the message's raw in-flight starts and ends."""
+def decode_full(
+    data: bytes,
+) -> tuple[str, list[Any], list[Ejection], list[Any], list[Any], Any]:
+    """decode_message's answer, the message's raw in-flight starts and ends, and its raw
+    in-flight counts (None: none)."""
     msg = orjson.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("o"), str):
         raise ValueError("not a shared-state message")
@@ -100,7 +106,7 @@ def decode_full(data: bytes) -> tuple[str, list[Any], list[Ejection], list[Any],
     inflight = msg.get("f", [])
     if not isinstance(inflight, list):
         raise ValueError("malformed requests in flight")
-    return msg["o"], events, ejections, scrapes, inflight
+    return msg["o"], events, ejections, scrapes, inflight, msg.get("c")
 
 
 def split(

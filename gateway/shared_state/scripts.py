@@ -95,16 +95,35 @@ return {applied, rejected}
 """
 )
 
+# KEYS: a replica's prefix placements zset. ARGV: max members, key TTL ms, then (version,
+# block hashes joined by spaces) pairs, oldest first (a block in two: the later one wins).
+# Keeps the newest max members; hashes stay strings (Lua numbers would round them).
+PLACE = """
+local args = {}
+for i = 3, #ARGV, 2 do
+  for h in string.gmatch(ARGV[i + 1], '%S+') do
+    args[#args + 1] = ARGV[i]
+    args[#args + 1] = h
+    if #args >= 2000 then redis.call('ZADD', KEYS[1], unpack(args)); args = {} end
+  end
+end
+if #args > 0 then redis.call('ZADD', KEYS[1], unpack(args)) end
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[1]) - 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
 _NOW_MS = """
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS: procs zset, own in-flight hash, then each tenant's concurrency hash. ARGV: process id,
-# lease ms, in-flight key base, n, n (replica, count) pairs, then one slot count per tenant key.
-# Rewrites the process's counts whole (a lost settle or a cancelled reserve heals at the next
-# beat), then sums the other live processes' counts by replica: {peers, replica, count, ...}.
-# One script, one round trip: the beat runs every 10 ms while anything is in flight.
+# lease ms, in-flight key base, n, n (field, value) pairs (the version under "", then replica
+# and count), then one slot count per tenant key. Rewrites the process's lease whole (a lost
+# settle or a cancelled reserve heals at the next beat), then returns the other live
+# processes' leases: {peers, process id, {field, value, ...}, ...} (shared_state/counts.py).
+# One script, one round trip: the counts themselves are pushed with the flush.
 BEAT = (
     _NOW_MS
     + """
@@ -114,10 +133,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.0f', now_ms - 
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[2])
 local n = tonumber(ARGV[4])
-if n > 0 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 5, 4 + 2 * n))
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-end
+redis.call('HSET', KEYS[2], unpack(ARGV, 5, 4 + 2 * n))
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
 for k = 3, #KEYS do
   local held = ARGV[4 + 2 * n + k - 2]
   if held == '0' then redis.call('HDEL', KEYS[k], pid)
@@ -125,19 +142,14 @@ for k = 3, #KEYS do
   redis.call('PEXPIRE', KEYS[k], ARGV[2])
 end
 local pids = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.0f', now_ms - lease), '+inf')
-local sum, names, peers = {}, {}, 0
+local out = {0}
 for _, other in ipairs(pids) do
   if other ~= pid then
-    peers = peers + 1
-    local h = redis.call('HGETALL', ARGV[3] .. other)
-    for i = 1, #h, 2 do
-      if sum[h[i]] == nil then names[#names + 1] = h[i]; sum[h[i]] = 0 end
-      sum[h[i]] = sum[h[i]] + tonumber(h[i + 1])
-    end
+    out[1] = out[1] + 1
+    out[#out + 1] = other
+    out[#out + 1] = redis.call('HGETALL', ARGV[3] .. other)
   end
 end
-local out = {peers}
-for _, name in ipairs(names) do out[#out + 1] = name; out[#out + 1] = sum[name] end
 return out
 """
 )
@@ -256,6 +268,7 @@ return 1
 
 ALL = {
     "merge": MERGE,
+    "place": PLACE,
     "beat": BEAT,
     "claim": CLAIM,
     "release": RELEASE,

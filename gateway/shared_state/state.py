@@ -3,7 +3,8 @@
 Nothing on a request's routing path reads Redis. Each process publishes its routing outcomes
 (batched, pipelined) and applies the others' to its own cache index (`mirror.py`), and the
 prefixes of its requests in flight from the pick on (`inflight.py`); its in-flight counts
-are a lease (a hash with a TTL) the others read every `inflight_poll_s`.
+ride the flush too, and a lease (a hash with a TTL) rewritten and read every
+`inflight_idle_poll_s` heals them and drops a dead process's (`counts.py`).
 While Redis is down or slow every process routes from what it holds; one log line says so,
 one says when sharing is back (re-subscribed, leases rewritten, tier-1 state re-read).
 """
@@ -17,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -26,6 +28,7 @@ from gateway.replicas.outlier import Ejection
 from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap, writes
 from gateway.shared_state.config import SharedStateConfig
+from gateway.shared_state.counts import LocalCounts, RemoteCounts
 from gateway.shared_state.inflight import SharedInflight
 from gateway.shared_state.link import (
     FAILURES,
@@ -35,7 +38,7 @@ from gateway.shared_state.link import (
     default_process_id,
     reraise_cancel,
 )
-from gateway.shared_state.mirror import Mirror, decode_full
+from gateway.shared_state.mirror import Mirror, decode_full, encode
 from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, Keys
 from routing.types import RequestFeatures
@@ -71,6 +74,11 @@ class SharedState:
             affinity.inflight.max_requests, cfg.lease_ttl_s, cfg.max_event_blocks, self._wake
         )
         affinity.inflight = self.inflight
+        self.counts = LocalCounts(pool, self._wake)
+        self.remote = RemoteCounts(pool, cfg.lease_ttl_s)
+        pool.on_in_flight = self.counts.changed
+        # Our own messages come back on the channel: recognised by their start, not decoded.
+        self._own = orjson.dumps({"o": self.process_id})[:-1] + b","
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[writes.Settle] = deque(maxlen=cfg.max_pending)
         self._ejections: deque[Ejection] = deque(maxlen=cfg.max_pending)
@@ -153,6 +161,9 @@ class SharedState:
                     pipe = self.redis.pipeline(transaction=False)
                     pipe.zrem(self.keys.procs, self.process_id)
                     pipe.delete(self.keys.inflight(self.process_id))
+                    # The others drop this process's counts now, not at their next beat.
+                    gone = [self.counts.version + 1, {}]
+                    pipe.publish(self.keys.channel, encode(self.process_id, [], counts=gone))
                     if self.scrapes is not None:
                         self.scrapes.queue_release(pipe)
                     await pipe.execute()
@@ -198,7 +209,8 @@ class SharedState:
         self._up.clear()
         self._down.set()
         self.stats.downs += 1
-        self.pool.set_remote_in_flight({})
+        self.remote.clear()
+        self.counts.lost()
         if self.scrapes is not None:
             self.scrapes.lost()
         detail = f"{type(exc).__name__}: {exc}" if exc is not None else "no connection"
@@ -267,7 +279,10 @@ class SharedState:
         while not self._stopping:
             await self._has_pending.wait()
             # A batch window: the outcomes of a burst go out in one round trip.
-            await asyncio.sleep(self.cfg.flush_interval_s)
+            window = self.cfg.flush_interval_s
+            if self.counts.dirty:
+                window = min(window, self.cfg.inflight_poll_s)
+            await asyncio.sleep(window)
             self._has_pending.clear()
             if not self.up:
                 await self._up.wait()
@@ -276,6 +291,7 @@ class SharedState:
                     await self._flush()
                 self.answered()
             except FAILURES as exc:
+                self.counts.lost()  # pushed again with the next flush
                 self.failed("flush", exc)
             reraise_cancel()
 
@@ -286,11 +302,14 @@ class SharedState:
         self._ejections.clear()
         scrapes = self.scrapes.drain() if self.scrapes is not None else []
         inflight = self.inflight.drain()
-        if not outcomes and not settles and not ejections and not scrapes and not inflight:
+        counts = self.counts.take()
+        if not (outcomes or settles or ejections or scrapes or inflight or counts):
             return
         keys, pid = self.keys, self.process_id
         pipe = self.redis.pipeline(transaction=False)
-        first = writes.queue_messages(pipe, keys, pid, outcomes, ejections, scrapes, inflight)
+        first = writes.queue_messages(
+            pipe, keys, pid, outcomes, ejections, scrapes, inflight, counts
+        )
         merges = writes.queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
         writes.queue_settles(pipe, keys, pid, settles)
         results = await pipe.execute()
@@ -310,36 +329,29 @@ class SharedState:
             except FAILURES as exc:
                 self.failed("in-flight", exc)
             reraise_cancel()
-            self.inflight.expire(time.monotonic())
-            await asyncio.sleep(self._poll_interval())
-
-    def _poll_interval(self) -> float:
-        """Fast while any process (this one, or a peer as last read) has work in flight."""
-        busy = any(r.in_flight or r.remote_in_flight for r in self.pool)
-        return self.cfg.inflight_poll_s if busy else self.cfg.inflight_idle_poll_s
+            now = time.monotonic()
+            self.inflight.expire(now)
+            self.remote.expire(now)
+            # Busy or not: the counts are pushed, the beat only heals them (counts.py).
+            await asyncio.sleep(self.cfg.inflight_idle_poll_s)
 
     async def _beat(self) -> None:
         """Rewrite this process's lease and read the others' in one script (one round trip);
         a few times per scrape lease TTL the scrape claim rides in the same round trip."""
         keys, pid = self.keys, self.process_id
         lease_ms = int(self.cfg.lease_ttl_s * 1000)
-        counts = [(r.name, r.in_flight) for r in self.pool if r.in_flight > 0]
+        version, counts = self.counts.snapshot()
         held = dict(self.quota_held())
         now = time.monotonic()
         leases = self.scrapes if self.scrapes is not None and self.scrapes.claim_due(now) else None
         pipe = self.redis.pipeline(transaction=False)
-        writes.queue_beat(pipe, keys, pid, lease_ms, counts, held)
+        writes.queue_beat(pipe, keys, pid, lease_ms, version, counts, held)
         if leases is not None:
             leases.queue_claim(pipe)
         results = await pipe.execute()
-        others = results[0]
         if leases is not None:
             leases.claimed(results[1], now)
-        self.stats.peers = int(others[0])
-        it = iter(others[1:])
-        self.pool.set_remote_in_flight(
-            {name.decode(): int(n) for name, n in zip(it, it, strict=True)}
-        )
+        self.stats.peers = self.remote.beat(results[0], now, time.monotonic())
 
     async def _subscriber(self) -> None:
         while not self._stopping:
@@ -364,12 +376,16 @@ class SharedState:
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _on_message(self, data: bytes) -> None:
+        if data.startswith(self._own):
+            return
         try:
-            origin, raws, ejections, scrapes, inflight = decode_full(data)
+            origin, raws, ejections, scrapes, inflight, counts = decode_full(data)
         except ValueError:
             self.mirror.stats.malformed += 1
             return
         if origin != self.process_id:
+            if counts is not None and not self.remote.pushed(origin, counts, time.monotonic()):
+                self.mirror.stats.malformed += 1
             self.mirror.apply_raw(raws)
             if inflight:
                 bad = self.inflight.apply(origin, inflight, self.pool.replicas)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio.client import Pipeline
@@ -13,6 +13,7 @@ from redis.asyncio.client import Pipeline
 from gateway.config import CacheIndexConfig
 from gateway.replicas.outlier import Ejection
 from gateway.shared_state.config import SharedStateConfig
+from gateway.shared_state.counts import VERSION_FIELD
 from gateway.shared_state.mirror import Outcome, encode, outcome_of, split
 from gateway.shared_state.scripts import SHAS, Keys
 from routing.types import RequestFeatures
@@ -45,15 +46,19 @@ def queue_messages(
     ejections: Sequence[Ejection],
     scrapes: Sequence[Any],
     inflight: Sequence[Any] = (),
+    counts: list[Any] | None = None,
 ) -> int:
-    """The flush's pub/sub messages (ejections, scrape results and requests in flight ride in
-    the first); returns how many were queued."""
+    """The flush's pub/sub messages (ejections, scrape results, requests in flight and the
+    in-flight counts ride in the first); returns how many were queued."""
     messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
-        ejections or scrapes or inflight
+        ejections or scrapes or inflight or counts
     )
     for n, part in enumerate(messages):
-        first_ones = (ejections, scrapes, inflight) if n == 0 else ((), (), ())
-        pipe.publish(keys.channel, encode(process_id, part, *first_ones))
+        if n == 0:
+            msg = encode(process_id, part, ejections, scrapes, inflight, counts)
+        else:
+            msg = encode(process_id, part)
+        pipe.publish(keys.channel, msg)
     return len(messages)
 
 
@@ -94,17 +99,23 @@ def queue_outcomes(
         if len(args) > 3:
             pipe.evalsha(SHAS["merge"], 2, *keys.tier(tier), *args)
             merges += 1
-    placed: dict[str, dict[str, int]] = {}
+    # One argument per outcome, its blocks joined: redis-py packs each argument in Python,
+    # and a ZADD of two per block was most of a flush's CPU (2026-12-06-shared-state-cpu).
+    placed: dict[str, list[Any]] = {}
     for version, replica, _, _, blocks in outcomes:
-        placed.setdefault(replica, {}).update(dict.fromkeys(map(str, blocks), version))
+        if blocks:
+            placed.setdefault(replica, []).extend((version, " ".join(map(str, blocks))))
     history_ms = int(cfg.prefix_ttl_s * 1000)
-    for replica, members in placed.items():
-        if members:
-            key = keys.prefixes(replica)
-            pipe.zadd(key, members)
-            # The newest placements are kept: the oldest are what vLLM evicted first.
-            pipe.zremrangebyrank(key, 0, -cfg.max_blocks_per_replica - 1)
-            pipe.pexpire(key, history_ms)
+    for replica, args in placed.items():
+        # The newest placements are kept: the oldest are what vLLM evicted first.
+        pipe.evalsha(
+            SHAS["place"],
+            1,
+            keys.prefixes(replica),
+            cfg.max_blocks_per_replica,
+            history_ms,
+            *args,
+        )
     return merges
 
 
@@ -113,11 +124,12 @@ def queue_beat(
     keys: Keys,
     process_id: str,
     lease_ms: int,
-    counts: Sequence[tuple[str, int]],
+    version: int,
+    counts: Mapping[str, int],
     held: dict[str, int],
 ) -> None:
-    """The beat script: rewrite this process's in-flight lease (and quota slots it holds) and
-    read the others' leases, in one round trip."""
+    """The beat script: rewrite this process's in-flight lease (its counts' version, the
+    counts, and quota slots it holds) and read the others' leases, in one round trip."""
     pipe.evalsha(
         SHAS["beat"],
         2 + len(held),
@@ -127,7 +139,9 @@ def queue_beat(
         process_id,
         lease_ms,
         keys.inflight_base,
-        len(counts),
-        *(x for pair in counts for x in pair),
+        1 + len(counts),
+        VERSION_FIELD,
+        version,
+        *(x for pair in counts.items() for x in pair),
         *held.values(),
     )

@@ -88,12 +88,12 @@ def test_variants_name_workers_hosts_and_shared_state(tmp_path: Path) -> None:
     path = tmp_path / "v.toml"
     path.write_text(
         "[variants.w2]\nworkers = 2\nshared_state = true\n"
-        "[variants.two_hosts]\nworkers = 4\nhosts = 2\n"
+        '[variants.two_hosts]\nworkers = 4\nhosts = 2\nsource = "/tmp/before"\n'
     )
     modes = variant_modes(path)
-    assert [(m.label, m.workers, m.hosts, m.shared_state) for m in modes] == [
-        ("two_hosts", 4, 2, False),
-        ("w2", 2, 1, True),
+    assert [(m.label, m.workers, m.hosts, m.shared_state, m.source) for m in modes] == [
+        ("two_hosts", 4, 2, False, "/tmp/before"),
+        ("w2", 2, 1, True, ""),
     ]
     cfg = parse_config(
         tomllib.loads(gateway_toml(modes[1], FLEET, "127.0.0.1", 1, "redis://127.0.0.1:7/0"))

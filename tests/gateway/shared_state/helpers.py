@@ -33,7 +33,7 @@ async def routed(
     gw: InProcessGateway, body: dict[str, object], headers: dict[str, str] | None = None
 ) -> tuple[str, str]:
     """Send `body` (alone: nothing else in flight) and return (replica, branch) it took."""
-    # The others' leases are read every inflight_poll_s: let their last requests' go first.
+    # The others' ends arrive with their next flush: let their last requests' go first.
     await eventually(lambda: not any(r.remote_in_flight for r in gw.runtime.pool), what="quiet")
     before = decisions(gw)
     r = await gw.client.post("/v1/chat/completions", json=body, headers=headers or {})

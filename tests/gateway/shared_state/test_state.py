@@ -13,7 +13,6 @@ from cache_index.session_affinity import session_hash
 from gateway.config import CacheIndexConfig, GatewayConfig
 from gateway.shared_state.config import SharedStateConfig
 from gateway.shared_state.scripts import ALL, SHAS, Keys
-from gateway.shared_state.state import SharedState
 from routing.types import RequestFeatures
 from simulator import SimFleet
 from tests.gateway.conftest import MODEL, eventually, gateway_config, in_process
@@ -108,6 +107,10 @@ async def test_state_is_bounded_in_redis_and_in_each_process(
             assert await r.hget(KEYS.tier("prompts")[0], "1") is None
             placements = KEYS.prefixes(replica)
             assert await r.zcard(placements) == 100
+            # The newest placements are kept (hashes intact), each at its outcome's version.
+            newest = await r.zrange(placements, -8, -1, withscores=True)
+            assert [int(h) for h, _ in newest] == list(_features(299).block_hashes[:8])
+            assert len({v for _, v in newest}) == 1 and newest[0][1] > 1.7e15
             assert 0 < await r.pttl(placements) <= 600_000
             # No key per entry: a fixed set of bounded keys (and a scrape lease per replica,
             # with the set of processes taking them).
@@ -179,21 +182,3 @@ async def test_without_a_url_the_process_shares_nothing(fleet4: SimFleet) -> Non
 def test_bad_settings_are_refused(keys: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SharedStateConfig(**keys)  # type: ignore[arg-type]
-
-
-async def test_in_flight_is_polled_fast_only_while_some_process_has_work(
-    fleet4: SimFleet,
-) -> None:
-    cfg = replace(gateway_config(fleet4), shared_state=SharedStateConfig(url="redis://x"))
-    # Built, not started: the choice of interval reads only the pool.
-    async with in_process(gateway_config(fleet4)) as gw:
-        state = SharedState(cfg.shared_state, gw.runtime.affinity, gw.runtime.pool)
-        r0, r1 = list(gw.runtime.pool)[:2]
-        assert state._poll_interval() == cfg.shared_state.inflight_idle_poll_s
-        r0.in_flight += 1  # this process has a request in flight
-        assert state._poll_interval() == cfg.shared_state.inflight_poll_s
-        r0.in_flight -= 1
-        r1.remote_in_flight = 2  # a peer has, as last read
-        assert state._poll_interval() == cfg.shared_state.inflight_poll_s
-        r1.remote_in_flight = 0
-        assert state._poll_interval() == cfg.shared_state.inflight_idle_poll_s
