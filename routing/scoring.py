@@ -108,13 +108,16 @@ def held(
 
 
 def outheld(request: RequestFeatures, name: str) -> bool:
-    """True when some replica holds (cached or in flight) over twice the leading blocks of the
-    request that replica `name` holds: an affinity there would miss what is cached elsewhere."""
+    """True when replica `name` holds none of the request's leading blocks (cached or in
+    flight) and another has some cached: an affinity there would miss what is elsewhere."""
     # A session or prompt-cache entry outlives the cache it pointed at (evicted, or a user whose
-    # prompts moved to another holder): followed, it turns a hit elsewhere into a miss.
-    own = max(request.prefix_match.get(name, 0), request.inflight_match.get(name, 0))
-    best = max((*request.prefix_match.values(), *request.inflight_match.values()), default=0)
-    return best > 2 * own
+    # prompts moved to another holder): followed, it turns a hit elsewhere into a miss. Only a
+    # replica holding nothing yields: a partial match there (the index evicts tails first) may
+    # still be the conversation's own history, and measured, yielding to any longer holder cost
+    # hit rate (benchmarks/results/2026-12-06-stale-sessions).
+    if request.prefix_match.get(name, 0) or request.inflight_match.get(name, 0):
+        return False
+    return any(request.prefix_match.values())
 
 
 def load(r: ReplicaSnapshot) -> float:

@@ -56,11 +56,11 @@ def _pick(
             {"affinity_replica": "a", "affinity_kind": "session"},
             ("a", "session"),
         ),
-        # Affinity beats a longer prefix match elsewhere, up to twice its own.
+        # Affinity beats a longer prefix match elsewhere while its replica holds any of it.
         (
             [1, 1, 1, 1],
             [0, 1, 0, 0],
-            {"affinity_replica": "a", "prefix_match": {"a": 2, "b": 4}},
+            {"affinity_replica": "a", "prefix_match": {"a": 1, "b": 4}},
             ("a", "prompt_cache_hit"),
         ),
         (
@@ -74,8 +74,8 @@ def _pick(
             },
             ("a", "session"),
         ),
-        # Out-held: a session whose replica holds under half of what another holds of the
-        # prompt (its user's prompts moved, or its entry outlived the cache) goes to the holder.
+        # Out-held: a session whose replica holds none of the prompt while another holds some
+        # (its entry outlived the cache it pointed at) goes to the holder.
         (
             [1, 1, 1, 1],
             [0, 1, 0, 0],
@@ -85,8 +85,8 @@ def _pick(
         (
             [1, 1, 1, 1],
             [0, 1, 0, 0],
-            {"affinity_replica": "a", "prefix_match": {"a": 1, "c": 3}},
-            ("c", "prefix_hit"),
+            {"affinity_replica": "a", "inflight_match": {"c": 3}},
+            ("a", "prompt_cache_hit"),  # in flight elsewhere, nothing cached: no holder yet
         ),
     ],
 )

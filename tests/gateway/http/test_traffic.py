@@ -193,7 +193,11 @@ async def _wait_order(fleet: SimFleet, cfg: GatewayConfig) -> list[str]:
         c = gw.client
         blocker_body = {**ONE_TOKEN, "max_tokens": 1000, "ignore_eos": True}
         blocker = asyncio.create_task(c.post("/v1/chat/completions", json=blocker_body))
-        await eventually(lambda: scheduler.num_running == 1, what="the blocker running")
+        # 10 s, not 3: in a full CI run on 2 busy cores the blocker once took over 3 s to
+        # reach the replica (the wait ends as soon as it runs).
+        await eventually(
+            lambda: scheduler.num_running == 1, timeout=10.0, what="the blocker running"
+        )
         order: list[str] = []
 
         async def send(name: str, priority: str) -> None:
