@@ -60,6 +60,23 @@ def cpu_seconds_of(pids: Sequence[int]) -> float:
     return total
 
 
+def runqueue_wait_s(pids: Sequence[int]) -> float:
+    """Seconds the threads of `pids` have spent runnable but not running (schedstat's wait).
+
+    Summed over every thread: a multi-threaded router's other threads run on while one waits,
+    a single event loop does not, so the figure says how much of a tail the cores' contention
+    explains. 0 where the kernel keeps no schedstat.
+    """
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                path = Path(f"/proc/{pid}/task/{task}/schedstat")
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    total += int(path.read_text().split()[1])
+    return total / 1e9
+
+
 def child_env() -> dict[str, str]:
     """This environment with the repository importable (for `python -m` children)."""
     env = dict(os.environ)

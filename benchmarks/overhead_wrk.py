@@ -40,6 +40,7 @@ from benchmarks.overhead_procs import (
     machine_info,
     not_run,
     peer_routers,
+    runqueue_wait_s,
     wait_ready,
 )
 from benchmarks.overhead_report import write_results
@@ -153,15 +154,16 @@ async def _measure_one(
     target: str, url: str, pids: Sequence[int], ng: Nginx, script: Path, conc: int, dur: float
 ) -> WrkRound:
     """One wrk run; the CPU of the target, nginx, wrk (a reaped child) and everyone else."""
-    cpu0, up0 = cpu_seconds_of(pids), cpu_seconds(ng.pid)
+    cpu0, up0, wait0 = cpu_seconds_of(pids), cpu_seconds(ng.pid), runqueue_wait_s(pids)
     kids0, own0, (busy0, steal0) = _children_cpu_s(), time.process_time(), machine_busy_s()
     result = await run_wrk(url, script, conc, dur)
     busy1, steal1 = machine_busy_s()
     busy = busy1 - busy0
     cpu, up = cpu_seconds_of(pids) - cpu0, cpu_seconds(ng.pid) - up0
+    wait = runqueue_wait_s(pids) - wait0
     wrk = _children_cpu_s() - kids0
     others = max(0.0, busy - cpu - up - wrk - (time.process_time() - own0))
-    return WrkRound(target, conc, False, -1, result, cpu, up, wrk, others, steal1 - steal0)
+    return WrkRound(target, conc, False, -1, result, cpu, up, wrk, others, steal1 - steal0, wait)
 
 
 async def _phase(
@@ -210,7 +212,8 @@ async def _phase(
                         f"p99 {res.p99_s * 1e3:.3f} ms {cpu / max(res.requests, 1) * 1e6:.0f} "
                         f"CPU us/req errors {res.errors} others' CPU "
                         f"{one.others_cpu_s / res.duration_s:.2f} steal "
-                        f"{one.steal_s / res.duration_s:.2f}",
+                        f"{one.steal_s / res.duration_s:.2f} run-queue wait "
+                        f"{one.wait_s / res.duration_s:.2f}",
                         flush=True,
                     )
     return out

@@ -29,6 +29,8 @@ class WrkRound:
     others_cpu_s: float = 0.0
     # CPU the hypervisor gave to other guests while this machine wanted it (/proc/stat steal).
     steal_s: float = 0.0
+    # The target's threads runnable but waiting for a core (all threads summed).
+    wait_s: float = 0.0
 
 
 def round_figures(r: WrkRound, chunks: int) -> dict[str, float]:
@@ -46,6 +48,7 @@ def round_figures(r: WrkRound, chunks: int) -> dict[str, float]:
         "wrk_cpu_util": r.wrk_cpu_s / r.wrk.duration_s if r.wrk.duration_s else 0.0,
         "others_cpu_util": r.others_cpu_s / r.wrk.duration_s if r.wrk.duration_s else 0.0,
         "steal_util": r.steal_s / r.wrk.duration_s if r.wrk.duration_s else 0.0,
+        "runq_wait_util": r.wait_s / r.wrk.duration_s if r.wrk.duration_s else 0.0,
     }
     if r.stream:
         fig["chunks_per_s"] = r.wrk.rps * (chunks + 1)
@@ -66,6 +69,7 @@ def build_rows(rounds: Sequence[WrkRound], chunks: int) -> list[dict[str, Any]]:
                 "wrk_cpu_util": p.med("wrk_cpu_util"),
                 "others_cpu_util": p.med("others_cpu_util"),
                 "steal_util": p.med("steal_util"),
+                "runq_wait_util": p.med("runq_wait_util"),
                 "chunks_per_s": p.med("chunks_per_s", 0) if stream else None,
             }
         )
@@ -118,7 +122,8 @@ _COLUMNS = (
     ("added_p99_ms", "+p99 ms"), ("rps_ratio_vs_direct", "req/s ÷ direct"),
     ("cpu_us_per_request", "proxy CPU µs/req"), ("cpu_util", "proxy CPU util"),
     ("chunks_per_s", "chunks/s"), ("wrk_cpu_util", "wrk CPU util"),
-    ("others_cpu_util", "others' CPU util"), ("steal_util", "steal"), ("errors", "errors"),
+    ("others_cpu_util", "others' CPU util"), ("steal_util", "steal"),
+    ("runq_wait_util", "run-queue wait"), ("errors", "errors"),
 )  # fmt: skip
 
 
@@ -141,7 +146,8 @@ def markdown(results: dict[str, Any]) -> str:
         "differences against the direct round of the same round. others' CPU util: the "
         "machine's busy CPU (/proc/stat) minus the target's, nginx's, wrk's and this "
         "process's over the round: other jobs sharing the cores (contention); steal: CPU the "
-        "hypervisor gave other guests (/proc/stat).",
+        "hypervisor gave other guests (/proc/stat); run-queue wait: seconds per second the "
+        "target's threads were runnable but had no core (schedstat, all threads summed).",
         f"- Gateway builds: {_builds(p['gateways'])}",
         "",
         markdown_table(results["rows"], _COLUMNS),

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -13,6 +17,7 @@ import pytest
 
 from benchmarks import overhead
 from benchmarks.nginx_upstream import EVENT_BYTES, nginx_config, padded_stream
+from benchmarks.overhead_procs import cpu_seconds, runqueue_wait_s
 from benchmarks.overhead_wrk import gateway_toml, parse_gateway
 from benchmarks.overhead_wrk_report import DIRECT, WrkRound, build_rows, evaluate_targets
 from benchmarks.wrk_load import WrkError, WrkResult, lua_script, parse_output
@@ -97,7 +102,32 @@ def _round(target: str, conc: int, stream: bool, index: int, rps: float, p50_ms:
            cpu_s: float, p99_ms: float = 10.0) -> WrkRound:  # fmt: skip
     requests = int(rps * 2)
     wrk = WrkResult(requests, 2.0, 0, p50_ms / 1e3, p50_ms / 1e3, p99_ms / 1e3, 0.05, 0.001, 0)
-    return WrkRound(target, conc, stream, index, wrk, cpu_s, 0.1, 0.2, 0.0)
+    return WrkRound(target, conc, stream, index, wrk, cpu_s, 0.1, 0.2, 0.0, wait_s=0.5)
+
+
+def _spinner() -> subprocess.Popen[bytes]:
+    """A process spinning on CPU 0 only."""
+    code = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_run_queue_wait_counts_threads_that_waited_for_a_core() -> None:
+    # Two spinners on one core: while one runs the other waits, so their waits add up to
+    # about the CPU time they got together.
+    spinners = [_spinner(), _spinner()]
+    pids = [s.pid for s in spinners]
+    try:
+        deadline = time.monotonic() + 30
+        while min(cpu_seconds(pid) for pid in pids) < 0.2:
+            assert time.monotonic() < deadline, "the spinners got no CPU in 30 s"
+            time.sleep(0.02)
+        assert runqueue_wait_s(pids) >= 0.2
+    finally:
+        for s in spinners:
+            s.kill()
+            s.wait()
+    assert runqueue_wait_s(pids) == 0.0  # gone: nothing to read
+    assert runqueue_wait_s([os.getpid()]) >= 0.0
 
 
 def test_rows_pair_each_round_with_its_direct_round_and_targets_judge_them() -> None:
@@ -120,6 +150,7 @@ def test_rows_pair_each_round_with_its_direct_round_and_targets_judge_them() -> 
     assert g1["rps_ratio_vs_direct"] == pytest.approx(0.2)
     assert g1["cpu_us_per_request"] == pytest.approx(1.0 / 4000 * 1e6, rel=1e-3)
     assert by[(DIRECT, 1, False)]["added_p50_ms"] == 0.0
+    assert g1["runq_wait_util"] == pytest.approx(0.25)  # 0.5 s over a 2-s round
     assert by[("gateway", 64, True)]["chunks_per_s"] == pytest.approx(1900 * 65, rel=1e-3)
     assert by[("gateway", 64, False)]["chunks_per_s"] is None
     assert [r["target"] for r in rows if not r["stream"] and r["concurrency"] == 64] == [
