@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -29,6 +28,7 @@ from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state import bootstrap, writes
 from gateway.shared_state.config import SharedStateConfig
 from gateway.shared_state.counts import LocalCounts, RemoteCounts
+from gateway.shared_state.inbox import Inbox
 from gateway.shared_state.inflight import SharedInflight
 from gateway.shared_state.link import (
     FAILURES,
@@ -38,7 +38,7 @@ from gateway.shared_state.link import (
     default_process_id,
     reraise_cancel,
 )
-from gateway.shared_state.mirror import Mirror, decode_full, encode
+from gateway.shared_state.mirror import Mirror
 from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, Keys
 from routing.types import RequestFeatures
@@ -77,8 +77,9 @@ class SharedState:
         self.counts = LocalCounts(pool, self._wake)
         self.remote = RemoteCounts(pool, cfg.lease_ttl_s)
         pool.on_in_flight = self.counts.changed
-        # Our own messages come back on the channel: recognised by their start, not decoded.
-        self._own = orjson.dumps({"o": self.process_id})[:-1] + b","
+        self.inbox = Inbox(
+            self.process_id, self.mirror, self.inflight, self.remote, pool, self.scrapes
+        )
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[writes.Settle] = deque(maxlen=cfg.max_pending)
         self._ejections: deque[Ejection] = deque(maxlen=cfg.max_pending)
@@ -159,11 +160,7 @@ class SharedState:
             with contextlib.suppress(*FAILURES):
                 async with asyncio.timeout(self.cfg.batch_timeout_s):
                     pipe = self.redis.pipeline(transaction=False)
-                    pipe.zrem(self.keys.procs, self.process_id)
-                    pipe.delete(self.keys.inflight(self.process_id))
-                    # The others drop this process's counts now, not at their next beat.
-                    gone = [self.counts.version + 1, {}]
-                    pipe.publish(self.keys.channel, encode(self.process_id, [], counts=gone))
+                    writes.queue_goodbye(pipe, self.keys, self.process_id, self.counts.version)
                     if self.scrapes is not None:
                         self.scrapes.queue_release(pipe)
                     await pipe.execute()
@@ -367,33 +364,13 @@ class SharedState:
                 while self._subscribed.is_set():
                     msg = await pubsub.get_message(timeout=wait)
                     if msg is not None and msg["type"] == "message":
-                        self._on_message(msg["data"])
+                        self.inbox.apply(msg["data"])
             except FAILURES as exc:
                 self.failed("subscribe", exc)
             finally:
                 with contextlib.suppress(*FAILURES):
                     async with asyncio.timeout(self.cfg.batch_timeout_s):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    def _on_message(self, data: bytes) -> None:
-        if data.startswith(self._own):
-            return
-        try:
-            origin, raws, ejections, scrapes, inflight, counts = decode_full(data)
-        except ValueError:
-            self.mirror.stats.malformed += 1
-            return
-        if origin != self.process_id:
-            if counts is not None and not self.remote.pushed(origin, counts, time.monotonic()):
-                self.mirror.stats.malformed += 1
-            self.mirror.apply_raw(raws)
-            if inflight:
-                bad = self.inflight.apply(origin, inflight, self.pool.replicas)
-                self.mirror.stats.malformed += bad
-            for ejection in ejections:
-                self.pool.adopt_ejection(ejection)
-            if scrapes and self.scrapes is not None:
-                self.scrapes.apply(scrapes)
 
     def stats_row(self) -> dict[str, float]:
         """Gauges and counters for the metrics."""

@@ -145,3 +145,11 @@ def queue_beat(
         *(x for pair in counts.items() for x in pair),
         *held.values(),
     )
+
+
+def queue_goodbye(pipe: Pipeline, keys: Keys, process_id: str, counts_version: int) -> None:
+    """A stopping process's last writes: out of the process set, its lease gone, and zero
+    counts published so the others drop its in-flight load now, not at their next beat."""
+    pipe.zrem(keys.procs, process_id)
+    pipe.delete(keys.inflight(process_id))
+    pipe.publish(keys.channel, encode(process_id, [], counts=[counts_version + 1, {}]))
