@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 
 import aiohttp
@@ -199,47 +200,42 @@ async def test_a_replica_without_load_tracking_is_probed_no_further(
     )
 
 
-@contextlib.asynccontextmanager
-async def _silent_server() -> AsyncIterator[str]:
-    """A real listener that takes requests and never answers them."""
-    held: list[asyncio.StreamWriter] = []
+@contextlib.contextmanager
+def _silent_server() -> Iterator[str]:
+    """A real listener that never accepts: the kernel completes each handshake, nobody answers.
 
-    async def take(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-
-    server = await asyncio.start_server(take, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    Nothing on the event loop owns these connections, so none can outlive the test's loop
+    (a stream server's accepted connection may not have reached its handler when the test ends).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(128)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
 
 
 async def test_a_load_read_that_times_out_stalls_nothing() -> None:
     cfg = ScoreLoopConfig(load_interval_s=0.01, load_timeout_s=0.05)
-    async with _silent_server() as url, aiohttp.ClientSession() as session:
-        replica = ReplicaState(ReplicaConfig(url=url, name="silent"))
-        replica.in_flight = 1  # busy: read at the fast cadence
-        replica.foreign_in_flight = 2  # as if earlier reads had agreed on two
-        probe = LoadProbe(cfg, session)
-        started = time.monotonic()
-        assert await probe.read(replica) is None
-        assert time.monotonic() - started < 1.0
-        assert replica.foreign_in_flight == 0  # no read backs it any more
-        task = asyncio.create_task(probe.run(replica))
-        ticks = 0
+    with _silent_server() as url:
+        async with aiohttp.ClientSession() as session:
+            replica = ReplicaState(ReplicaConfig(url=url, name="silent"))
+            replica.in_flight = 1  # busy: read at the fast cadence
+            replica.foreign_in_flight = 2  # as if earlier reads had agreed on two
+            probe = LoadProbe(cfg, session)
+            started = time.monotonic()
+            assert await probe.read(replica) is None
+            assert time.monotonic() - started < 1.0
+            assert replica.foreign_in_flight == 0  # no read backs it any more
+            task = asyncio.create_task(probe.run(replica))
+            ticks = 0
 
-        def reads_and_ticks() -> bool:
-            nonlocal ticks
-            ticks += 1  # the event loop runs between reads: nothing waits on the silent one
-            return replica.load_probes_total >= 6
+            def reads_and_ticks() -> bool:
+                nonlocal ticks
+                ticks += 1  # the event loop runs between reads: nothing waits on the silent one
+                return replica.load_probes_total >= 6
 
-        await eventually(reads_and_ticks, what="reads timing out one after another")
-        assert ticks > 1
-        assert not probe.untracked("silent")  # a timeout is no answer, not a missing route
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+            await eventually(reads_and_ticks, what="reads timing out one after another")
+            assert ticks > 1
+            assert not probe.untracked("silent")  # a timeout is no answer, not a missing route
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
