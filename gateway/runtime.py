@@ -138,6 +138,11 @@ class Runtime:
             self.tracing,
             self.tenancy,
         )
+        if self.shared_state is not None:
+            # Each process's share window counts every process's picks (shared_state/picks.py);
+            # through self.router at call time, which a reload replaces.
+            self._pipeline.on_pick = self.shared_state.picks.add
+            self.shared_state.picks.observe = lambda *pick: self.router.observe(*pick)
         checker = HealthChecker(self.config.health_check, session, self.pool)
         # One process scrapes each replica for every process sharing state ([shared_state]).
         leases = self.shared_state.scrapes if self.shared_state is not None else None

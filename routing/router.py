@@ -9,6 +9,7 @@ from operator import attrgetter
 from routing.plugin import AnyFactory
 from routing.profile import ProfileSpec, resolve_profile
 from routing.registry import PLUGINS
+from routing.share import ShareWindow
 from routing.types import (
     Decision,
     Filter,
@@ -134,6 +135,18 @@ class Router:
         return Decision(
             replica=candidates[0], branch=pick.branch, total=total, scores=scores, candidates=1
         )
+
+    def last_share(self) -> tuple[bool, int | None] | None:
+        """(new conversation, prefix it joined) of the last pick, as the picker's share window
+        counted it; None when the picker keeps no window (nothing for other processes)."""
+        share = getattr(self._picker, "share", None)
+        return share.last if isinstance(share, ShareWindow) and share.counting else None
+
+    def observe(self, replica: str, new: bool, prefix: int | None) -> None:
+        """A pick another gateway process made, counted by the picker's share window if any."""
+        share = getattr(self._picker, "share", None)
+        if isinstance(share, ShareWindow):
+            share.observe(replica, new, prefix)
 
     def affinity(self, request: RequestFeatures) -> tuple[str | None, Tier | None]:
         """The (affinity_replica, affinity_kind) that `route` follows for `request`."""

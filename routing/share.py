@@ -43,10 +43,13 @@ class ShareWindow:
     those of new conversations (picks without affinity) apart, which prefix each joined, and
     those that joined none (a prefix started there)."""
 
-    __slots__ = ("_joined", "_joins", "_picks", "_slack", "_starts")
+    __slots__ = ("_joined", "_joins", "_picks", "_slack", "_starts", "counting", "last")
 
     def __init__(self, window: int, join_slack: float | None = None) -> None:
         self._picks = _Counted(window)
+        self.counting = window > 0
+        # (new, prefix) of the last pick made here, for the other gateway processes to count.
+        self.last: tuple[bool, int | None] | None = None
         self._slack = join_slack
         joins = window if join_slack is not None else 0
         self._joins, self._joined = _Counted(joins), _Counted(joins)
@@ -55,6 +58,11 @@ class ShareWindow:
     def record(self, name: str, new: bool = False, prefix: int | None = None) -> None:
         """Count one pick of `name`; `new`: of a new conversation, joining `prefix` (the hash
         of the deepest block it matched there; None: it matched nothing there)."""
+        self.last = (new, prefix)
+        self.observe(name, new, prefix)
+
+    def observe(self, name: str, new: bool = False, prefix: int | None = None) -> None:
+        """Count a pick another gateway process made (shared state), as `record` does."""
         self._picks.add(name)
         if new:
             self._joins.add(name)

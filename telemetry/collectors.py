@@ -201,6 +201,8 @@ class SharedState(Collector):
             ("scrapes_stale", "scrapes_stale", "Scrape results older than the local one: ignored."),
             ("inflight_published", "inflight_told", "Requests in flight told to the others."),
             ("inflight_applied", "inflight_applied", "Other processes' requests in flight held."),
+            ("picks_published", "picks_told", "Routing picks told to the others' share windows."),
+            ("picks_applied", "picks_applied", "Other processes' routing picks counted here."),
         ):
             if key not in row:
                 continue  # scrapes not shared ([shared_state] share_scrapes off)

@@ -167,7 +167,8 @@ class _Run:
         rec["sent"] = t0
         self.lags.append(t0 - sched)
         try:
-            url = self.urls[self.sent % len(self.urls)]
+            rec["host"] = host = self.sent % len(self.urls)
+            url = self.urls[host]
             await stream_chat(self.session, f"{url}/v1/chat/completions", body, headers, rec)
         except asyncio.CancelledError:
             rec["error"] = rec["error"] or "cancelled at the drain deadline"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from cache_index.response_index import ResponseIndex
@@ -70,6 +71,9 @@ class Pipeline:
         self.responses = ResponseIndex(config.cache_index.max_responses)
         # One record per request on llm_gateway.request ([telemetry] request_log).
         self._request_log = RequestLog(config.telemetry.request_log)
+        # Told each pick the router's share window counted: (replica, new conversation, prefix
+        # joined); the shared state tells the other processes (None: this process alone).
+        self.on_pick: Callable[[str, bool, int | None], None] | None = None
 
     def check_model(self, model: str) -> None:
         """404 for a model no replica has ever served, as vLLM does for its own models."""
@@ -171,6 +175,9 @@ class Pipeline:
                         self._router, req, features, decision, attempt + 1, tried, routed
                     ),
                 )
+            share = self._router.last_share() if self.on_pick and pinned is None else None
+            if share is not None and self.on_pick is not None:
+                self.on_pick(name, *share)
             lease = self._pool.acquire(name)
             if self._router.reads_inflight:  # else nothing reads them: not kept
                 self._affinity.inflight.add(id(lease), name, features.block_hashes)

@@ -10,14 +10,17 @@ from gateway.replicas.pool import ReplicaPool
 from gateway.shared_state.counts import RemoteCounts
 from gateway.shared_state.inflight import SharedInflight
 from gateway.shared_state.mirror import Mirror, decode_full
+from gateway.shared_state.picks import SharedPicks
 from gateway.shared_state.scrapes import ScrapeLeases
 
 
 class Inbox:
-    """Applies one pub/sub message: outcomes, prefixes in flight, in-flight counts, ejections
-    and scrape results; a malformed one is counted and dropped."""
+    """Applies one pub/sub message: outcomes, prefixes in flight, in-flight counts, ejections,
+    scrape results and picks; a malformed one is counted and dropped."""
 
-    __slots__ = ("_inflight", "_mirror", "_own", "_pool", "_process_id", "_remote", "_scrapes")
+    __slots__ = (
+        "_inflight", "_mirror", "_own", "_picks", "_pool", "_process_id", "_remote", "_scrapes",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -27,12 +30,13 @@ class Inbox:
         remote: RemoteCounts,
         pool: ReplicaPool,
         scrapes: ScrapeLeases | None,
+        picks: SharedPicks,
     ) -> None:
         self._process_id = process_id
         # Our own messages come back on the channel: recognised by their start, not decoded.
         self._own = orjson.dumps({"o": process_id})[:-1] + b","
         self._mirror, self._inflight, self._remote = mirror, inflight, remote
-        self._pool, self._scrapes = pool, scrapes
+        self._pool, self._scrapes, self._picks = pool, scrapes, picks
 
     def apply(self, data: bytes) -> None:
         """Apply the message `data` unless this process sent it."""
@@ -40,7 +44,7 @@ class Inbox:
             return
         stats = self._mirror.stats
         try:
-            origin, raws, ejections, scrapes, inflight, counts = decode_full(data)
+            origin, raws, ejections, scrapes, inflight, counts, picks = decode_full(data)
         except ValueError:
             stats.malformed += 1
             return
@@ -51,6 +55,8 @@ class Inbox:
         self._mirror.apply_raw(raws)
         if inflight:
             stats.malformed += self._inflight.apply(origin, inflight, self._pool.replicas)
+        if picks:
+            stats.malformed += self._picks.apply(picks, self._pool.replicas)
         for ejection in ejections:
             self._pool.adopt_ejection(ejection)
         if scrapes and self._scrapes is not None:

@@ -54,9 +54,10 @@ def encode(
     scrapes: Sequence[Any] = (),
     inflight: Sequence[Any] = (),
     counts: list[Any] | None = None,
+    picks: Sequence[Any] = (),
 ) -> bytes:
     """One pub/sub message: the origin process, its outcomes, ejections, scrape results,
-    requests in flight started and ended, and its in-flight counts."""
+    requests in flight started and ended, its in-flight counts and its routing picks."""
     msg: dict[str, Any] = {"o": origin, "e": outcomes}
     if ejections:
         msg["j"] = [(e.replica, e.reason, e.duration_s, e.count) for e in ejections]
@@ -66,6 +67,8 @@ def encode(
         msg["f"] = inflight  # shared_state/inflight.py: checked one by one where applied
     if counts is not None:
         msg["c"] = counts  # shared_state/counts.py: checked where applied
+    if picks:
+        msg["p"] = picks  # shared_state/picks.py: checked one by one where applied
     return orjson.dumps(msg)
 
 
@@ -81,9 +84,9 @@ def decode_message(data: bytes) -> tuple[str, list[Any], list[Ejection], list[An
 
 def decode_full(
     data: bytes,
-) -> tuple[str, list[Any], list[Ejection], list[Any], list[Any], Any]:
-    """decode_message's answer, the message's raw in-flight starts and ends, and its raw
-    in-flight counts (None: none)."""
+) -> tuple[str, list[Any], list[Ejection], list[Any], list[Any], Any, list[Any]]:
+    """decode_message's answer, the message's raw in-flight starts and ends, its raw
+    in-flight counts (None: none) and its raw picks."""
     msg = orjson.loads(data)
     if not isinstance(msg, dict) or not isinstance(msg.get("o"), str):
         raise ValueError("not a shared-state message")
@@ -106,7 +109,10 @@ def decode_full(
     inflight = msg.get("f", [])
     if not isinstance(inflight, list):
         raise ValueError("malformed requests in flight")
-    return msg["o"], events, ejections, scrapes, inflight, msg.get("c")
+    picks = msg.get("p", [])
+    if not isinstance(picks, list):
+        raise ValueError("malformed picks")
+    return msg["o"], events, ejections, scrapes, inflight, msg.get("c"), picks
 
 
 def split(

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from gateway.proxy.affinity import Affinity
 from gateway.replicas.outlier import Ejection
@@ -39,6 +39,7 @@ from gateway.shared_state.link import (
     reraise_cancel,
 )
 from gateway.shared_state.mirror import Mirror
+from gateway.shared_state.picks import SharedPicks
 from gateway.shared_state.scrapes import ScrapeLeases
 from gateway.shared_state.scripts import ALL, Keys
 from routing.types import RequestFeatures
@@ -74,11 +75,12 @@ class SharedState:
             affinity.inflight.max_requests, cfg.lease_ttl_s, cfg.max_event_blocks, self._wake
         )
         affinity.inflight = self.inflight
+        self.picks = SharedPicks(cfg.max_pending, lambda: self.up, self._wake)
         self.counts = LocalCounts(pool, self._wake)
         self.remote = RemoteCounts(pool, cfg.lease_ttl_s)
         pool.on_in_flight = self.counts.changed
         self.inbox = Inbox(
-            self.process_id, self.mirror, self.inflight, self.remote, pool, self.scrapes
+            self.process_id, self.mirror, self.inflight, self.remote, pool, self.scrapes, self.picks
         )
         self._pending: deque[tuple[float, RequestFeatures, str]] = deque(maxlen=cfg.max_pending)
         self._settles: deque[writes.Settle] = deque(maxlen=cfg.max_pending)
@@ -298,14 +300,14 @@ class SharedState:
         self._settles.clear()
         self._ejections.clear()
         scrapes = self.scrapes.drain() if self.scrapes is not None else []
-        inflight = self.inflight.drain()
+        inflight, picks = self.inflight.drain(), self.picks.drain()
         counts = self.counts.take()
-        if not (outcomes or settles or ejections or scrapes or inflight or counts):
+        if not (outcomes or settles or ejections or scrapes or inflight or counts or picks):
             return
         keys, pid = self.keys, self.process_id
         pipe = self.redis.pipeline(transaction=False)
         first = writes.queue_messages(
-            pipe, keys, pid, outcomes, ejections, scrapes, inflight, counts
+            pipe, keys, pid, outcomes, ejections, scrapes, inflight, counts, picks
         )
         merges = writes.queue_outcomes(pipe, keys, self.cfg, self.affinity.cfg, outcomes)
         writes.queue_settles(pipe, keys, pid, settles)
@@ -313,7 +315,7 @@ class SharedState:
         for applied_rejected in results[first : first + merges]:
             self.stats.rejected_stale += int(applied_rejected[1])
         self.stats.published += len(outcomes)
-        if self.inflight.pending:  # more than one flush carries: the rest go at once
+        if self.inflight.pending or self.picks.pending:  # the rest go at once
             self._has_pending.set()
 
     async def _poller(self) -> None:
@@ -370,7 +372,7 @@ class SharedState:
             finally:
                 with contextlib.suppress(*FAILURES):
                     async with asyncio.timeout(self.cfg.batch_timeout_s):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed in redis 8
 
     def stats_row(self) -> dict[str, float]:
         """Gauges and counters for the metrics."""
@@ -387,5 +389,7 @@ class SharedState:
             "inflight_remote": self.inflight.remote_count(),
             "inflight_told": self.inflight.told,
             "inflight_applied": self.inflight.applied,
+            "picks_told": self.picks.told,
+            "picks_applied": self.picks.applied,
             **(self.scrapes.row() if self.scrapes is not None else {}),
         }

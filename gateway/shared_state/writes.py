@@ -47,15 +47,16 @@ def queue_messages(
     scrapes: Sequence[Any],
     inflight: Sequence[Any] = (),
     counts: list[Any] | None = None,
+    picks: Sequence[Any] = (),
 ) -> int:
-    """The flush's pub/sub messages (ejections, scrape results, requests in flight and the
-    in-flight counts ride in the first); returns how many were queued."""
+    """The flush's pub/sub messages (ejections, scrape results, requests in flight, the
+    in-flight counts and the picks ride in the first); returns how many were queued."""
     messages = split(outcomes, _PER_MESSAGE, _BLOCKS_PER_MESSAGE) or [[]] * bool(
-        ejections or scrapes or inflight or counts
+        ejections or scrapes or inflight or counts or picks
     )
     for n, part in enumerate(messages):
         if n == 0:
-            msg = encode(process_id, part, ejections, scrapes, inflight, counts)
+            msg = encode(process_id, part, ejections, scrapes, inflight, counts, picks)
         else:
             msg = encode(process_id, part)
         pipe.publish(keys.channel, msg)

@@ -64,26 +64,26 @@ class Params:
 class AffinityGuard:
     """Affinity first, prefix holders next, load last; every pick names its branch."""
 
-    __slots__ = ("_joined", "_p", "_rng", "_share", "reads_inflight")
+    __slots__ = ("_joined", "_p", "_rng", "reads_inflight", "share")
 
     def __init__(self, params: Params) -> None:
         self._p, self._rng = params, random.Random(params.seed)
-        self._share = ShareWindow(params.share_window, params.join_slack)
+        self.share = ShareWindow(params.share_window, params.join_slack)
         self._joined: int | None = None  # the prefix the last pick joined (its deepest block)
         self.reads_inflight = params.inflight is not None
 
     def pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
         pick = self._pick(request, replicas, totals)
-        self._share.record(replicas[pick.index].name, not request.affinity_replica, self._joined)
+        self.share.record(replicas[pick.index].name, not request.affinity_replica, self._joined)
         return pick
 
     def _pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
         p, n, self._joined = self._p, len(replicas), None
         loads = [load(r) for r in replicas]
         limit = p.guard_ratio * sum(loads) / n + p.guard_slack
-        shares = Shares(self._share.counts(replicas), p.share_ratio, p.share_slack)
+        shares = Shares(self.share.counts(replicas), p.share_ratio, p.share_slack)
         bound, over, target = sum(loads) <= limit, set[int](), request.affinity_replica or ""
-        joins = self._share.joins(replicas) if bound and not target else None
+        joins = self.share.joins(replicas) if bound and not target else None
         i = next((i for i, r in enumerate(replicas) if r.name == target), -1) if target else -1
         if i >= 0 and bound and p.share_all and shares.over(i):
             over.add(i)
