@@ -175,9 +175,8 @@ class Pipeline:
                         self._router, req, features, decision, attempt + 1, tried, routed
                     ),
                 )
-            share = self._router.last_share() if self.on_pick and pinned is None else None
-            if share is not None and self.on_pick is not None:
-                self.on_pick(name, *share)
+            if pinned is None:
+                self._tell_pick(name)
             lease = self._pool.acquire(name)
             if self._router.reads_inflight:  # else nothing reads them: not kept
                 self._affinity.inflight.add(id(lease), name, features.block_hashes)
@@ -269,7 +268,14 @@ class Pipeline:
 
     async def admit(self, features: RequestFeatures) -> tuple[Decision, bool]:
         """`open`'s first routing (the admission queue while saturated): (decision, waited)."""
-        return await self._first_route(features)
+        decision, waited = await self._first_route(features)
+        self._tell_pick(decision.replica.name)
+        return decision, waited
+
+    def _tell_pick(self, name: str) -> None:
+        """The router's last pick (of `name`) to the other processes' share windows, if any."""
+        if self.on_pick is not None and (share := self._router.last_share()) is not None:
+            self.on_pick(name, *share)
 
     def release(self, lease: Lease, ok: bool | None, detail: str = "") -> None:
         """Release a lease taken outside `open`, waking the admission queue."""

@@ -200,7 +200,16 @@ class LoadProbe:
         """Read whenever due, forever (cancelled by the owner)."""
         fastest = self._cfg.load_interval_s
         # Afresh: a replica removed and added again under its name is a new one.
-        self._probes[replica.name] = _Probe(0)
+        record = self._probes[replica.name] = _Probe(0)
+        try:
+            await self._loop(replica, fastest)
+        finally:
+            # Removed (its task cancelled) or stopping: the record goes with the task, unless
+            # the name was added again meanwhile and a newer task holds its own.
+            if self._probes.get(replica.name) is record:
+                del self._probes[replica.name]
+
+    async def _loop(self, replica: ReplicaState, fastest: float) -> None:
         while True:
             now = time.monotonic()
             probe = self._probe(replica)

@@ -239,3 +239,4 @@ async def test_a_load_read_that_times_out_stalls_nothing() -> None:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            assert "silent" not in probe._probes  # a removed replica's record goes with its task
