@@ -2,7 +2,7 @@
 
 The affinity_guard picker balances new conversations and prefix starts over the replicas by
 counting its recent picks (routing/share.py). Counted per process, each of N processes balances
-its own picks and their sum does not balance: two workers placed 84 conversations 7 to 13 per
+its own picks and their sum does not balance: two workers placed 84 conversations 6 to 14 per
 replica where one process placed 10 to 12, and consecutive conversations shared a replica more
 often (benchmarks/results/2026-12-08-shared-picks). Here each pick rides in the next flush ("p"
 of the message) and the others count it as if they had made it.
@@ -17,7 +17,7 @@ from typing import Any
 # Picks one flush carries (the rest wait for the next): a message stays small after an outage.
 _PER_FLUSH = 256
 # A pick on the wire: [replica, new conversation, prefix it joined or None].
-Pick = list[Any]
+PickEvent = list[Any]
 Observe = Callable[[str, bool, int | None], None]
 
 
@@ -27,7 +27,7 @@ class SharedPicks:
     __slots__ = ("_events", "_up", "_wake", "applied", "observe", "told")
 
     def __init__(self, max_pending: int, up: Callable[[], bool], wake: Callable[[], None]):
-        self._events: deque[Pick] = deque(maxlen=max_pending)
+        self._events: deque[PickEvent] = deque(maxlen=max_pending)
         self._up, self._wake = up, wake
         # Where the others' picks go: the runtime points it at its router's share window.
         self.observe: Observe = lambda _replica, _new, _prefix: None
@@ -42,7 +42,7 @@ class SharedPicks:
             self.told += 1
             self._wake()
 
-    def drain(self) -> list[Pick]:
+    def drain(self) -> list[PickEvent]:
         """Picks to publish, oldest first."""
         events = self._events
         return [events.popleft() for _ in range(min(len(events), _PER_FLUSH))]
