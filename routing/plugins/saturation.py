@@ -11,8 +11,9 @@ in-flight requests (max_in_flight).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
 
 from routing.plugin import PluginFactory, param
@@ -35,34 +36,51 @@ class Params:
                 raise ValueError(f"{name} must be > 0 or None, got {value}")
 
 
-def _under(value: float | None, limit: float | None) -> bool:
-    return limit is None or value is None or value < limit
+# Each limit's snapshot field, in the order they are checked.
+_FIELDS = (
+    ("max_in_flight", "in_flight"),
+    ("max_waiting", "waiting"),
+    ("max_kv_usage", "kv_usage"),
+    ("max_running", "running"),
+)
 
 
 class Saturation:
     """Keeps replicas below every configured limit."""
 
-    __slots__ = ("_p",)
+    __slots__ = ("_limits",)
     # Full replicas free up as requests finish: an empty result means wait, not fail.
     saturating: ClassVar[bool] = True
 
     def __init__(self, params: Params) -> None:
-        self._p = params
+        # Only the configured limits are checked: this runs for every candidate of every request.
+        self._limits: tuple[tuple[Callable[[ReplicaSnapshot], float | None], float], ...] = tuple(
+            (attrgetter(field), float(limit))
+            for name, field in _FIELDS
+            if (limit := getattr(params, name)) is not None
+        )
 
     def saturated(self, r: ReplicaSnapshot) -> bool:
-        """Whether the replica is at or over any limit."""
-        p = self._p
-        return not (
-            _under(r.in_flight, p.max_in_flight)
-            and _under(r.waiting, p.max_waiting)
-            and _under(r.kv_usage, p.max_kv_usage)
-            and _under(r.running, p.max_running)
-        )
+        """Whether the replica is at or over any limit (an unknown value is under it)."""
+        for get, limit in self._limits:
+            value = get(r)
+            # `not <`, not `>=`: a NaN is at its limit, as it is in `filter`.
+            if value is not None and not value < limit:
+                return True
+        return False
 
     def filter(
         self, request: RequestFeatures, replicas: Sequence[ReplicaSnapshot]
     ) -> Sequence[ReplicaSnapshot]:
-        kept = [r for r in replicas if not self.saturated(r)]
+        limits = self._limits
+        if not limits:
+            return replicas
+        if len(limits) == 1:
+            # The default profile's case: one limit, checked inline.
+            ((get, limit),) = limits
+            kept = [r for r in replicas if (v := get(r)) is None or v < limit]
+        else:
+            kept = [r for r in replicas if not self.saturated(r)]
         return replicas if len(kept) == len(replicas) else kept
 
 

@@ -71,3 +71,11 @@ def test_everything_saturated_is_no_replica_for_the_gateway_to_queue() -> None:
 def test_saturation_rejects_non_positive_limits(raw: dict[str, Any]) -> None:
     with pytest.raises(PluginConfigError, match="must be > 0 or None"):
         PLUGINS["saturation"].build(raw)
+
+
+@pytest.mark.parametrize("params", [{"max_kv_usage": None}, {}])
+def test_a_nan_reading_is_at_its_limit_with_one_limit_or_several(params: dict[str, Any]) -> None:
+    # One configured limit is checked inline, several in a loop: both drop a NaN reading.
+    odd = replica("nan", in_flight=0, running=0.0, waiting=float("nan"), kv_usage=0.1)
+    plugin = PLUGINS["saturation"].build(params)
+    assert names(plugin.filter(REQUEST, [odd, FLEET[0]])) == ["idle"]
