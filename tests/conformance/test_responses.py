@@ -285,15 +285,28 @@ async def _slow(target: Target) -> AsyncIterator[tuple[Target, httpx.AsyncClient
         yield target, c
 
 
+# Attempts at cancelling a background response before the engine has finished it.
+_CANCEL_ATTEMPTS = 3
+
+
 async def test_cancel_of_a_background_response(target: Target) -> None:
     async with _slow(target) as (tgt, client):
-        queued = await create(client, tgt, input="long", max_output_tokens=tgt.max_model_len // 2,
-                              background=True)  # fmt: skip
-        cancelled = await client.post(f"/v1/responses/{queued['id']}/cancel")
-        if cancelled.status_code != 200:
-            # Say what the response had become (a CI run once saw it no longer in progress).
-            now = (await client.get(f"/v1/responses/{queued['id']}")).text
-            raise AssertionError(f"{cancelled.text}; the response then: {now[:1500]}")
+        for attempt in range(1, _CANCEL_ATTEMPTS + 1):
+            queued = await create(client, tgt, input="long",
+                                  max_output_tokens=tgt.max_model_len // 2,
+                                  background=True)  # fmt: skip
+            cancelled = await client.post(f"/v1/responses/{queued['id']}/cancel")
+            if cancelled.status_code == 200:
+                break
+            now = (await client.get(f"/v1/responses/{queued['id']}")).json()
+            # The real engine on a fast, idle CPU can generate the whole answer before the
+            # cancel is handled (two clean-clone CI runs saw it `incomplete` at its token
+            # limit). That is a lost race, not a refused cancel: try again with a new one.
+            if now["status"] in ("completed", "incomplete") and attempt < _CANCEL_ATTEMPTS:
+                continue
+            raise AssertionError(
+                f"attempt {attempt}: {cancelled.text}; the response then: {str(now)[:1500]}"
+            )
         assert cancelled.json() == {**queued, "status": "cancelled"}
         got = (await client.get(f"/v1/responses/{queued['id']}")).json()
         assert got["status"] == "cancelled" and got["output"] == []
