@@ -300,8 +300,8 @@ async def test_cancel_of_a_background_response(target: Target) -> None:
                 break
             now = (await client.get(f"/v1/responses/{queued['id']}")).json()
             # The real engine on a fast, idle CPU can generate the whole answer before the
-            # cancel is handled (two clean-clone CI runs saw it `incomplete` at its token
-            # limit). That is a lost race, not a refused cancel: try again with a new one.
+            # cancel is handled (a clean-clone CI run saw it `incomplete` at its token limit).
+            # That is a lost race, not a refused cancel: try again with a new one.
             if now["status"] in ("completed", "incomplete") and attempt < _CANCEL_ATTEMPTS:
                 continue
             raise AssertionError(
