@@ -16,12 +16,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from cache_index.inflight_prefixes import InflightPrefixes
 
 # Events one flush carries (the rest wait for the next): a message stays small after an outage.
-_PER_FLUSH = 256
+PER_FLUSH = 256
+_E = TypeVar("_E")
 # A start on the wire: [key, replica, block hashes]; an end: [key].
 Event = list[Any]
 
@@ -81,8 +82,7 @@ class SharedInflight(InflightPrefixes):
 
     def drain(self) -> list[Event]:
         """Starts and ends to publish, in the order they happened."""
-        events = self._events
-        return [events.popleft() for _ in range(min(len(events), _PER_FLUSH))]
+        return take_batch(self._events)
 
     @property
     def pending(self) -> bool:
@@ -138,3 +138,8 @@ class SharedInflight(InflightPrefixes):
     def remote_count(self) -> int:
         """The others' requests in flight held here."""
         return len(self._remote)
+
+
+def take_batch(events: deque[_E]) -> list[_E]:
+    """Up to PER_FLUSH of `events`, oldest first, taken off the queue (one flush's share)."""
+    return [events.popleft() for _ in range(min(len(events), PER_FLUSH))]

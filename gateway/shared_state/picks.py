@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-# Picks one flush carries (the rest wait for the next): a message stays small after an outage.
-_PER_FLUSH = 256
+from gateway.shared_state.inflight import take_batch
+
 # A pick on the wire: [replica, new conversation, prefix it joined or None].
 PickEvent = list[Any]
 Observe = Callable[[str, bool, int | None], None]
@@ -44,8 +44,7 @@ class SharedPicks:
 
     def drain(self) -> list[PickEvent]:
         """Picks to publish, oldest first."""
-        events = self._events
-        return [events.popleft() for _ in range(min(len(events), _PER_FLUSH))]
+        return take_batch(self._events)
 
     @property
     def pending(self) -> bool:
