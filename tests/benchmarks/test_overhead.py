@@ -167,7 +167,10 @@ async def test_grpc_loadgen_completes_unary_and_streamed_calls() -> None:
                     loadgen_grpc.chat_request(MODEL),
                     concurrency=3,
                     channels=2,
-                    duration_s=0.3,
+                    # A clean-clone CI run read 0.0 s of worker CPU over a 0.3-s round (0.19 s
+                    # here): this process also serves the calls, so its CPU window can start
+                    # late. A longer round leaves it more margin.
+                    duration_s=1.0,
                     stream=stream,
                     expect_messages=6,
                     cpu_snapshot=_no_cpu,
