@@ -140,11 +140,17 @@ _GUARD = PluginSpec(
         "share_band": 4.0,
     },
 )
+# A request placed by load waits for the prefill queued ahead of it, not for the answers being
+# decoded, so token_load (prompt tokens sent and not yet answered: the gateway's own exact
+# count) weighs four times least_inflight. At 1, a replica a few requests lighter but still
+# prefilling took the next miss: TTFT p90 on prompts that share nothing was 1.4-1.5x
+# round-robin's at 30-40 req/s; at 4 it is round-robin's up to 30 req/s and within 0.01-0.04 s
+# above (benchmarks/results/2026-12-07-token-load/analysis.md).
 _LOAD_SCORERS = (
     PluginSpec("least_inflight", 1.0),
     PluginSpec("queue_load", 1.0),
     PluginSpec("kv_utilization", 1.0),
-    PluginSpec("token_load", 1.0),
+    PluginSpec("token_load", 4.0),
 )
 
 

@@ -41,7 +41,7 @@ def test_prefix_profile_plugins_and_weights() -> None:
         ("queue_load", 1.0),
         ("kv_utilization", 1.0),
         ("prefix_affinity", 2.0),
-        ("token_load", 1.0),
+        ("token_load", 4.0),
     ]
     assert prefix.picker.type == "affinity_guard"
 

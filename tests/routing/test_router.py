@@ -231,3 +231,16 @@ def test_each_router_owns_its_plugin_state() -> None:
     assert first.route(REQUEST, fleet).replica.name == "a"
     assert first.route(REQUEST, fleet).replica.name == "b"
     assert second.route(REQUEST, fleet).replica.name == "a"
+
+
+def test_default_profile_sends_a_miss_past_a_lighter_replica_still_prefilling() -> None:
+    # Enough in flight that the load guard binds (no share-window placement): totals decide.
+    # "prefilling" has 6 fewer requests in flight but a 520-token prompt not yet answered;
+    # the miss waits behind that prefill there, behind nothing on "decoding".
+    fleet = [
+        replica("decoding", in_flight=12),
+        replica("prefilling", in_flight=6, queued_prefill_tokens=520),
+        replica("busiest", in_flight=16),
+    ]
+    decision = Router(BUILTIN_PROFILES["default"]).route(REQUEST, fleet)
+    assert (decision.replica.name, decision.branch) == ("decoding", "miss_by_load")
