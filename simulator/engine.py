@@ -93,6 +93,9 @@ class Engine:
         # API-server CPU time (/metrics renders) owed by the next step, and all of it so far.
         self._debt = 0.0
         self.held_s = 0.0
+        # Virtual time skipped by clock restarts (steps that overran by over MAX_LAG_S): it
+        # lands in the modelled timings, so a test on them can tell it from the model's own.
+        self.lagged_s = 0.0
 
     @property
     def num_running(self) -> int:
@@ -221,7 +224,10 @@ class Engine:
             dur = self.timing.step_s(plan.num_running, plan.prefill_tokens) + self._debt
             self.held_s += self._debt
             self._debt = 0.0
-            deadline = max(deadline, now - MAX_LAG_S) + dur
+            if deadline < now - MAX_LAG_S:
+                self.lagged_s += now - MAX_LAG_S - deadline
+                deadline = now - MAX_LAG_S
+            deadline += dur
             delay = deadline - now
             # Sleeping to the virtual deadline absorbs our own overhead instead of adding it.
             await asyncio.sleep(delay if delay > 0 else 0)

@@ -108,11 +108,15 @@ def cached_token_rate(good: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def error_kinds(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Failed requests by kind: the HTTP status, else the start of the error."""
+    """Failed requests by kind: the HTTP status, else (200, or no answer yet) the start of the
+    error."""
     errors: dict[str, int] = {}
     for r in records:
         if not ok(r):
-            key = f"HTTP {r.get('status')}" if r.get("status") != 200 else str(r.get("error"))[:60]
+            # Status 0: the load generator gave up (or lost the connection) before any status
+            # came back; its error says which, "HTTP 0" would not.
+            status = r.get("status")
+            key = f"HTTP {status}" if status not in (0, 200) else str(r.get("error"))[:60]
             errors[key] = errors.get(key, 0) + 1
     return errors
 

@@ -5,6 +5,7 @@ import pytest
 from benchmarks.routing_bench.stats import (
     Snapshot,
     cpu_use,
+    error_kinds,
     hit_rate,
     imbalance,
     percentile,
@@ -88,3 +89,17 @@ def test_step_row_on_small_inputs() -> None:
     assert row["send_lag_p50_ms"] == pytest.approx(1.0, abs=0.01)
     assert row["output_tok_s"] == pytest.approx(4 * 25 / 2.0)
     assert math.isclose(row["itl_p50_s"], 0.01)
+
+
+def test_error_kinds_name_the_status_else_the_error() -> None:
+    records = [
+        {"status": 503, "error": "overloaded", "ttft": None},
+        {"status": 0, "error": "cancelled at the drain deadline", "ttft": None},
+        {"status": 200, "error": "stream cut", "ttft": 0.1},
+        {"status": 200, "error": None, "ttft": 0.1},
+    ]
+    assert error_kinds(records) == {
+        "HTTP 503": 1,
+        "cancelled at the drain deadline": 1,
+        "stream cut": 1,
+    }
