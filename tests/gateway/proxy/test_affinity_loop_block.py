@@ -51,7 +51,8 @@ class _Slow(logging.Handler):
             self.took.append(float(record.args[-1]))  # type: ignore[index]
 
 
-def test_routing_path_never_blocks_the_loop_for_a_millisecond() -> None:
+def _slow_steps() -> tuple[list[float], int]:
+    """The loop steps over 1 ms of CPU, and the number of steps timed."""
     rng = random.Random(17)
     aff = Affinity(CacheIndexConfig(), is_lora=lambda _m: False)
     names = [f"r{i}" for i in range(REPLICAS)]
@@ -109,9 +110,20 @@ def test_routing_path_never_blocks_the_loop_for_a_millisecond() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+    return took, len(reqs)
+
+
+def test_routing_path_never_blocks_the_loop_for_a_millisecond() -> None:
     # Measured: a step costs ~0.1-0.5 ms of CPU (a new prompt: ~1,000 blocks in, as many out);
     # the old exact LRU took 1-5 ms on nearly every step, and 5-23 ms on its table rebuilds.
     # A step's CPU time still runs long while the core's other hyperthread is busy (CI, the
-    # whole suite on 2 cores: one step of 200 at 1.26 ms, 1.39 ms once before, and once six at
-    # 1.05-1.51 ms): one step in 20 may pass 1 ms, none 3 ms. The old LRU fails both.
-    assert len(took) <= len(reqs) // 20 and all(t < 0.003 for t in took), took
+    # whole suite on 2 cores: one step of 200 at 1.26 ms, and 1.39 ms once before): one step in
+    # 200 may pass 1 ms, none 2 ms. A busy neighbour once stretched six steps of one run to
+    # 1.05-1.51 ms, so the best of three runs counts; the old LRU fails every run.
+    runs = []
+    for _ in range(3):
+        took, steps = _slow_steps()
+        if len(took) <= steps // 200 and all(t < 0.002 for t in took):
+            return
+        runs.append(took)
+    raise AssertionError(f"every run had slow steps: {runs}")
