@@ -128,6 +128,9 @@ _AFFINITY_FILTERS = (*_ELIGIBLE, _SATURATION, PluginSpec("lora_affinity"))
 # New prefixes go to the replica that started the fewest within 4 requests of the least load:
 # with a band of 1, real vLLM's uneven prefill times kept one replica out of reach while others
 # took 6 of 20 groups (benchmarks/results/2026-12-05-start-balance).
+# A session yields to a holder with as much of its prompt and over one request fewer in flight:
+# a user of a shared system prompt gains nothing from their earlier replica, and following it
+# split a hot group by users (60/40), not by load (benchmarks/results/2026-12-08-session-yield).
 _GUARD = PluginSpec(
     "affinity_guard",
     params={
@@ -138,6 +141,7 @@ _GUARD = PluginSpec(
         "inflight": 0.5,
         "join_slack": 1.0,
         "share_band": 4.0,
+        "yield_slack": 1.0,
     },
 )
 # A request placed by load waits for the prefill queued ahead of it, not for the answers being

@@ -120,6 +120,15 @@ def outheld(request: RequestFeatures, name: str) -> bool:
     return any(request.prefix_match.values())
 
 
+def undercut(held_at: Sequence[int], loads: Sequence[float], i: int, slack: float) -> bool:
+    """True when a prefix holder with at least replica i's match (held_at: held() per replica)
+    carries over `slack` fewer requests: following an affinity to i would buy no cache."""
+    # A session on a prompt that shares only a system prompt with its earlier turns pins its
+    # user to whichever holder it met first: a hot group splits by users, not by load.
+    floor = max(held_at[i], 1)
+    return any(m >= floor and loads[j] + slack < loads[i] for j, m in enumerate(held_at) if j != i)
+
+
 def load(r: ReplicaSnapshot) -> float:
     """Requests on the replica: the gateway's in-flight count, or vLLM's running + waiting.
 

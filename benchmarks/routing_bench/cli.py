@@ -106,6 +106,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated workloads that run every seed (default: all); the others run "
         "the first seed only",
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="run seed by seed, every contender in turn on each (each seed starting with the "
+        "next), each started afresh: the machine's drift over the run falls on all alike",
+    )
     parser.add_argument("--replicas", type=int, default=None, help="fleet size (sim 8, vllm-cpu 2)")
     parser.add_argument(
         "--num-gpu-blocks",
@@ -177,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> SuiteConfig:
         overrides=_overrides(names, vllm, args.param or ()),
         command=_command(args),
         slos=slos,
+        interleave=args.interleave,
     )
 
 
@@ -214,7 +221,7 @@ def _overrides(names: list[str], vllm: bool, params: Sequence[str]) -> dict[str,
 
 _OPTIONS = ("quick", "fleet", "out", "workloads", "rates", "step_s", "gateway", "peers", "no_peers",
             "custom_profiles", "variants", "seed", "seeds", "seeds_for", "param", "replicas",
-            "num_gpu_blocks", "time_scale", "stream_interval", "slo")  # fmt: skip
+            "num_gpu_blocks", "time_scale", "stream_interval", "slo", "interleave")  # fmt: skip
 
 
 def _command(args: argparse.Namespace) -> str:

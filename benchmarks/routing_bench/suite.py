@@ -1,4 +1,4 @@
-"""The whole benchmark: one fleet, every contender in turn, every workload, then the report."""
+"""The whole benchmark: one fleet, each contender in turn (or seed by seed), then the report."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class SuiteConfig:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # workload -> sizes
     command: str = ""
     slos: tuple[float, ...] = DEFAULT_SLOS  # TTFT p90 SLOs (s) the report's goodput is read at
+    interleave: bool = False  # seed by seed, every contender in turn, each started per seed
 
 
 def custom_modes(path: Path) -> tuple[GatewayMode, ...]:
@@ -180,20 +181,17 @@ async def run_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
     fleet = await _start_fleet(cfg)
     try:
         async with aiohttp.ClientSession() as session:
-            for c in contenders:
-                _say(f"== {c.name}")
-                try:
-                    url = await c.start(fleet.info)
-                except ContenderUnavailable as exc:
-                    _say(f"   unavailable: {exc.reason}")
-                    rows += _down(c.name, names, cfg.fleet, "unavailable", exc.reason)
-                    continue
-                try:
-                    for wl in names:
-                        for seed in _seeds(cfg, wl):
-                            rows += await _run_seed(cfg, session, fleet, c, url, wl, seed, raw)
-                finally:
-                    await c.stop()
+            if cfg.interleave:
+                for wl in names:
+                    for k, seed in enumerate(_seeds(cfg, wl)):
+                        # Each seed starts with the next contender: none always runs first.
+                        turn = k % len(contenders) if contenders else 0
+                        for c in [*contenders[turn:], *contenders[:turn]]:
+                            rows += await _run_contender(cfg, session, fleet, c, [(wl, seed)], raw)
+            else:
+                for c in contenders:
+                    runs = [(wl, seed) for wl in names for seed in _seeds(cfg, wl)]
+                    rows += await _run_contender(cfg, session, fleet, c, runs, raw)
     finally:
         await fleet.stop()
     size = fleet.size
@@ -307,6 +305,32 @@ async def _run_seed(
         f"{top['success_rate']}, hit {top['hit_rate']}"
     )
     return [{**r, "seed": seed} for r in got]
+
+
+async def _run_contender(
+    cfg: SuiteConfig,
+    session: aiohttp.ClientSession,
+    fleet: RunningFleet,
+    c: Contender,
+    runs: Sequence[tuple[str, int]],
+    raw: Path,
+) -> list[dict[str, Any]]:
+    """Start contender `c`, run each (workload, seed) of `runs` through it, stop it."""
+    _say(f"== {c.name}" + (f" ({runs[0][0]}, seed {runs[0][1]})" if cfg.interleave else ""))
+    try:
+        url = await c.start(fleet.info)
+    except ContenderUnavailable as exc:
+        _say(f"   unavailable: {exc.reason}")
+        workloads = list(dict.fromkeys(wl for wl, _ in runs))
+        down = _down(c.name, workloads, cfg.fleet, "unavailable", exc.reason)
+        return [{**r, "seed": runs[0][1]} for r in down] if cfg.interleave else down
+    rows: list[dict[str, Any]] = []
+    try:
+        for wl, seed in runs:
+            rows += await _run_seed(cfg, session, fleet, c, url, wl, seed, raw)
+    finally:
+        await c.stop()
+    return rows
 
 
 def _workload_meta(cfg: SuiteConfig, fleet: RunningFleet) -> dict[str, Any]:

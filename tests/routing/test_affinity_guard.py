@@ -414,6 +414,7 @@ def test_holders_tied_on_match_and_load_go_by_score_then_at_random() -> None:
         ({"share_ratio": 0.5}, "share_ratio >= 1"),
         ({"share_slack": -2}, "share_slack >= 0"),
         ({"join_slack": -1.0}, "join_slack >= 0"),
+        ({"yield_slack": -0.5}, "yield_slack >= 0"),
     ],
 )
 def test_affinity_guard_rejects_bad_params(raw: dict[str, Any], message: str) -> None:
@@ -486,3 +487,30 @@ def test_without_prefix_holders_an_out_held_session_still_sticks() -> None:
     picker = PLUGINS["affinity_guard"].build({"seed": 0, "prefix_holders": False})
     pick = picker.pick(request, reps, [0.0, 1.0, 0.0, 0.0])
     assert (reps[pick.index].name, pick.branch) == ("a", "session")
+
+
+def _yield_pick(loads: list[int], match: dict[str, int], slack: float | None = 1.0) -> str:
+    """Where a session pinned to "a" goes when `match` gives each replica's cached blocks."""
+    reps = [replica(n, in_flight=x) for n, x in zip(NAMES, loads, strict=True)]
+    request = RequestFeatures(
+        model=MODEL,
+        block_hashes=(1, 2, 3, 4),
+        affinity_replica="a",
+        affinity_kind="session",
+        prefix_match=match,
+    )
+    params = {"guard_ratio": 2.0, "guard_slack": 8.0, "seed": 0, "yield_slack": slack}
+    pick = PLUGINS["affinity_guard"].build(params).pick(request, reps, [0.0] * 4)
+    return f"{reps[pick.index].name} {pick.branch}"
+
+
+def test_a_session_yields_to_an_equal_holder_lighter_by_more_than_the_slack() -> None:
+    # The system prompt alone is shared (4 blocks on a and b): b is 2 requests lighter.
+    assert _yield_pick([3, 1, 0, 0], {"a": 4, "b": 4}) == "b prefix_hit"
+    # Lighter by the slack or less: the session stays, as it does with the rule off.
+    assert _yield_pick([2, 1, 0, 0], {"a": 4, "b": 4}) == "a session"
+    assert _yield_pick([3, 1, 0, 0], {"a": 4, "b": 4}, slack=None) == "a session"
+    # The session's replica holds more (its own history): no other holder undercuts it.
+    assert _yield_pick([6, 0, 0, 0], {"a": 4, "b": 3}) == "a session"
+    # Idle replicas holding nothing never draw the session away.
+    assert _yield_pick([6, 0, 0, 0], {"a": 4}) == "a session"

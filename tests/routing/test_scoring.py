@@ -5,7 +5,16 @@ from collections import Counter
 
 import pytest
 
-from routing.scoring import NEUTRAL, choose, load, mem_frac, near_best, relative, settle
+from routing.scoring import (
+    NEUTRAL,
+    choose,
+    load,
+    mem_frac,
+    near_best,
+    relative,
+    settle,
+    undercut,
+)
 from tests.routing.replicas import replica
 
 
@@ -99,3 +108,15 @@ def test_choose_is_the_seeded_draw_the_pickers_always_made() -> None:
     assert [choose(new, tied) for _ in range(50)] == expected
     counts = Counter(choose(random.Random(i), tied) for i in range(3000))
     assert set(counts) == set(tied) and min(counts.values()) > 850, counts
+
+
+def test_undercut_needs_a_holder_with_as_much_and_more_than_slack_fewer_requests() -> None:
+    # held_at: blocks each replica holds; loads: requests in flight; replica 0 is the affinity.
+    assert undercut([4, 4, 0], [3.0, 1.0, 0.0], 0, 1.0)
+    assert not undercut([4, 4, 0], [2.0, 1.0, 0.0], 0, 1.0)  # lighter by the slack only
+    assert not undercut([4, 3, 0], [9.0, 0.0, 0.0], 0, 1.0)  # holds less of the prompt
+    assert undercut([4, 6, 0], [3.0, 1.0, 0.0], 0, 1.0)  # holds more
+    # Nothing held at the affinity replica: only a holder of some of it undercuts, never an
+    # idle replica that holds nothing (that is outheld's call).
+    assert not undercut([0, 0, 0], [5.0, 0.0, 0.0], 0, 1.0)
+    assert undercut([0, 1, 0], [5.0, 0.0, 0.0], 0, 1.0)

@@ -3,6 +3,7 @@
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,19 +11,24 @@ from benchmarks.routing_bench.fleet import SimParams
 from benchmarks.routing_bench.suite import SuiteConfig, _contenders, _seeds, run_suite
 
 
-@pytest.mark.timeout(90)
-async def test_tiny_run_writes_report_results_and_plots(tmp_path: Path) -> None:
-    cfg = SuiteConfig(
-        out=tmp_path,
+def _tiny(out: Path, **kw: Any) -> SuiteConfig:
+    """A 2-replica fleet, round-robin and the default, one load of shared prefixes."""
+    return SuiteConfig(
+        out=out,
         sim=SimParams(replicas=2, num_gpu_blocks=256, time_scale=4.0, stream_interval=8),
         workloads={"shared_prefix": (6.0,)},
-        step_s=2.0,
         warmup_rate=20.0,
         warmup_timeout_s=15.0,
         drain_s=10.0,
         gateway_labels=("round_robin", "default"),
         with_peers=False,
+        **kw,
     )
+
+
+@pytest.mark.timeout(90)
+async def test_tiny_run_writes_report_results_and_plots(tmp_path: Path) -> None:
+    cfg = _tiny(tmp_path, step_s=2.0)
     rows = await run_suite(cfg)
     assert [r["contender"] for r in rows] == ["gateway:round_robin", "gateway:default"]
     for r in rows:
@@ -51,6 +57,27 @@ async def test_tiny_run_writes_report_results_and_plots(tmp_path: Path) -> None:
     assert data["meta"]["plan"]["warmup_max_tokens"] == 16
 
 
+@pytest.mark.timeout(120)
+async def test_interleave_runs_seed_by_seed_each_seed_starting_with_the_next(
+    tmp_path: Path,
+) -> None:
+    cfg = _tiny(tmp_path, step_s=1.0, seeds=(0, 1), interleave=True)
+    rows = await run_suite(cfg)
+    assert all(r["status"] == "ok" and r["success_rate"] == 1.0 for r in rows)
+    seed_rows = json.loads((tmp_path / "results.json").read_text())["seed_rows"]
+    order = [(r["seed"], r["contender"]) for r in seed_rows]
+    assert order == [
+        (0, "gateway:round_robin"),
+        (0, "gateway:default"),
+        (1, "gateway:default"),
+        (1, "gateway:round_robin"),
+    ]
+    raw = sorted(p.name for p in (tmp_path / "raw").glob("*.jsonl"))
+    assert raw == [
+        f"gateway_{c}-shared_prefix-s{s}.jsonl" for c in ("default", "round_robin") for s in (0, 1)
+    ]
+
+
 def test_missing_peers_module_is_reported_not_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "benchmarks.routing_bench.peers", None)
     cfg = SuiteConfig(out=Path("unused"), gateway_labels=("default",))
@@ -71,6 +98,9 @@ def test_seeds_option_runs_every_workload_once_per_seed() -> None:
     assert cfg.seeds == (0, 1, 2)
     assert "--seeds 0,1,2" in cfg.command
     assert config_from_args(parser.parse_args(["--seed", "7"])).seeds == (7,)
+    assert not cfg.interleave
+    mixed = config_from_args(parser.parse_args(["--seeds", "0,1", "--interleave"]))
+    assert mixed.interleave and "--interleave" in mixed.command
     some = parser.parse_args(["--seeds", "3,4", "--seeds-for", "shared_prefix"])
     cfg = config_from_args(some)
     assert (_seeds(cfg, "shared_prefix"), _seeds(cfg, "bimodal")) == ((3, 4), (3,))
