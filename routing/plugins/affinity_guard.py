@@ -49,10 +49,14 @@ class AffinityGuard:
 
     def _follows(self, request: RequestFeatures, replicas: Replicas, loads: Totals, i: int) -> bool:
         p, name = self._p, replicas[i].name
-        if p.yield_slack is None or not p.prefix_holders:
-            return not (p.prefix_holders and outheld(request, name))
+        if not p.prefix_holders or outheld(request, name):
+            return not p.prefix_holders
+        slack = p.yield_slack
+        # Matches are read only when some replica is light enough to undercut (the hot path).
+        if slack is None or all(lo + slack >= loads[i] for lo in loads):
+            return True
         hold = [held(request, r, p.full_allowance_share, p.inflight) for r in replicas]
-        return not (outheld(request, name) or scoring.undercut(hold, loads, i, p.yield_slack))
+        return not scoring.undercut(hold, loads, i, slack)
 
     def _pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
         p, n, self._joined = self._p, len(replicas), None
