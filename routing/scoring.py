@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from routing.types import Branch, ReplicaSnapshot, RequestFeatures, Tier
 
@@ -120,13 +120,17 @@ def outheld(request: RequestFeatures, name: str) -> bool:
     return any(request.prefix_match.values())
 
 
-def undercut(held_at: Sequence[int], loads: Sequence[float], i: int, slack: float) -> bool:
-    """True when a prefix holder with at least replica i's match (held_at: held() per replica)
-    carries over `slack` fewer requests: following an affinity to i would buy no cache."""
+def undercut(loads: Sequence[float], i: int, slack: float, held_at: Callable[[int], int]) -> bool:
+    """True when a replica carrying over `slack` fewer requests than replica i holds at least as
+    much of the prompt (held_at(j): its leading blocks, at least 1): following an affinity to i
+    would buy no cache. held_at is called only when such a lighter replica exists."""
     # A session on a prompt that shares only a system prompt with its earlier turns pins its
     # user to whichever holder it met first: a hot group splits by users, not by load.
-    floor = max(held_at[i], 1)
-    return any(m >= floor and loads[j] + slack < loads[i] for j, m in enumerate(held_at) if j != i)
+    lighter = [j for j, lo in enumerate(loads) if lo + slack < loads[i]]
+    if not lighter:  # the common case, and the hot path: no match is read
+        return False
+    floor = max(held_at(i), 1)
+    return any(held_at(j) >= floor for j in lighter)
 
 
 def load(r: ReplicaSnapshot) -> float:

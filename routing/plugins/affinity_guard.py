@@ -48,15 +48,17 @@ class AffinityGuard:
         return pick
 
     def _follows(self, request: RequestFeatures, replicas: Replicas, loads: Totals, i: int) -> bool:
-        p, name = self._p, replicas[i].name
-        if not p.prefix_holders or outheld(request, name):
-            return not p.prefix_holders
-        slack = p.yield_slack
-        # Matches are read only when some replica is light enough to undercut (the hot path).
-        if slack is None or all(lo + slack >= loads[i] for lo in loads):
+        p = self._p
+        if not p.prefix_holders:
             return True
-        hold = [held(request, r, p.full_allowance_share, p.inflight) for r in replicas]
-        return not scoring.undercut(hold, loads, i, slack)
+        if outheld(request, replicas[i].name):
+            return False
+        if p.yield_slack is None:
+            return True
+        share, least_w = p.full_allowance_share, p.inflight
+        return not scoring.undercut(
+            loads, i, p.yield_slack, lambda j: held(request, replicas[j], share, least_w)
+        )
 
     def _pick(self, request: RequestFeatures, replicas: Replicas, totals: Totals) -> Pick:
         p, n, self._joined = self._p, len(replicas), None

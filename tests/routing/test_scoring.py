@@ -110,13 +110,29 @@ def test_choose_is_the_seeded_draw_the_pickers_always_made() -> None:
     assert set(counts) == set(tied) and min(counts.values()) > 850, counts
 
 
+def _undercut(held_at: list[int], loads: list[float]) -> bool:
+    """undercut for replica 0 at slack 1; held_at: blocks each replica holds."""
+    return undercut(loads, 0, 1.0, held_at.__getitem__)
+
+
 def test_undercut_needs_a_holder_with_as_much_and_more_than_slack_fewer_requests() -> None:
     # held_at: blocks each replica holds; loads: requests in flight; replica 0 is the affinity.
-    assert undercut([4, 4, 0], [3.0, 1.0, 0.0], 0, 1.0)
-    assert not undercut([4, 4, 0], [2.0, 1.0, 0.0], 0, 1.0)  # lighter by the slack only
-    assert not undercut([4, 3, 0], [9.0, 0.0, 0.0], 0, 1.0)  # holds less of the prompt
-    assert undercut([4, 6, 0], [3.0, 1.0, 0.0], 0, 1.0)  # holds more
+    assert _undercut([4, 4, 0], [3.0, 1.0, 0.0])
+    assert not _undercut([4, 4, 0], [2.0, 1.0, 0.0])  # lighter by the slack only
+    assert not _undercut([4, 3, 0], [9.0, 0.0, 0.0])  # holds less of the prompt
+    assert _undercut([4, 6, 0], [3.0, 1.0, 0.0])  # holds more
     # Nothing held at the affinity replica: only a holder of some of it undercuts, never an
     # idle replica that holds nothing (that is outheld's call).
-    assert not undercut([0, 0, 0], [5.0, 0.0, 0.0], 0, 1.0)
-    assert undercut([0, 1, 0], [5.0, 0.0, 0.0], 0, 1.0)
+    assert not _undercut([0, 0, 0], [5.0, 0.0, 0.0])
+    assert _undercut([0, 1, 0], [5.0, 0.0, 0.0])
+
+
+def test_undercut_reads_no_match_while_no_replica_is_lighter_by_more_than_the_slack() -> None:
+    read: list[int] = []
+
+    def held_at(j: int) -> int:
+        read.append(j)
+        return 4
+
+    assert not undercut([2.0, 1.0, 2.0], 0, 1.0, held_at)
+    assert read == []
